@@ -1,0 +1,1 @@
+"""BayesGate command line entry point (``bayesgate``); the library lives in models/attacks/service."""

@@ -1,0 +1,69 @@
+"""``bayesgate`` — one command with a subcommand per job.
+
+Each package contributes its subcommands through a ``register(subparsers)`` function; errors the
+user can fix (bad flags, missing data, a broken model directory) are printed as one line
+``bayesgate: error: …`` with exit code 2 instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# Modules providing subcommands, in the order they appear in --help. Optional ones (whose
+# dependencies may be missing in a slim install) are skipped with a note if they fail to import.
+COMMAND_MODULES = ("models.cli", "attacks.cli", "service.cli", "models.uci_cli")
+
+
+class UserError(Exception):
+    """An error caused by the user's input, printed without a traceback."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bayesgate",
+        description="Train Bayesian dropout networks, calibrate adversarial-input thresholds, serve them.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name and exc.name.split(".")[0] in {"models", "attacks", "service"}:
+                continue  # that part of the toolkit does not exist in this version
+            sub.add_parser(name.split(".")[0], help=f"unavailable: missing dependency {exc.name!r}")
+            continue
+        module.register(sub)
+    return parser
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Exception types that mean 'the input is wrong', gathered from the packages."""
+    from models.data import DataError
+
+    from models.store import ModelStoreError
+
+    return (UserError, DataError, ModelStoreError, ValueError, FileNotFoundError)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        result = args.func(args)
+    except user_errors() as exc:
+        print(f"bayesgate: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("bayesgate: interrupted", file=sys.stderr)
+        return 130
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""``bayesgate train`` and ``bayesgate evaluate``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from models.device import DEVICE_CHOICES, pick_device
+from models.networks import build_network, preset_architecture, preset_names
+from models.store import ModelCard, load_model, save_model, write_card
+from models.train import OPTIMIZERS, TrainConfig, train
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train a dropout network on MNIST with the BB-α loss")
+    p.add_argument(
+        "--preset",
+        default="mlp-2x100",
+        choices=preset_names(),
+        help="network preset (default %(default)s)",
+    )
+    p.add_argument(
+        "--alpha", type=float, default=0.5, help="BB-α α; 0 = MC-dropout VI (default %(default)s)"
+    )
+    p.add_argument(
+        "--k-train",
+        type=int,
+        default=10,
+        help="MC samples per training example (default %(default)s)",
+    )
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adam")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--weight-decay", type=float, default=1e-6, help="λ of λ·Σ‖W‖² (paper: 1e-6)")
+    p.add_argument("--p", type=float, default=None, help="dropout rate (default: the preset's)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--patience", type=int, default=0, help="early stopping on validation LL; 0 = off"
+    )
+    p.add_argument(
+        "--val-size", type=int, default=10_000, help="validation images held out of the 60k"
+    )
+    p.add_argument(
+        "--limit", type=int, default=None, help="train on the first N training images only"
+    )
+    p.add_argument("--device", default="auto", help=f"one of {', '.join(DEVICE_CHOICES)}")
+    p.add_argument("--name", default=None, help="model name (default: preset-alphaA)")
+    p.add_argument("--out", type=Path, default=None, help="model directory (default runs/NAME)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_train)
+
+    e = sub.add_parser(
+        "evaluate", help="test-set accuracy, log-likelihood, NLL, Brier, ECE of a model"
+    )
+    e.add_argument("model", type=Path, help="model directory")
+    e.add_argument(
+        "--k", type=int, default=100, help="MC samples (default %(default)s, as in the paper)"
+    )
+    e.add_argument("--split", default="test", choices=["test", "val", "train"])
+    e.add_argument("--limit", type=int, default=None, help="first N images of the split only")
+    e.add_argument("--batch-size", type=int, default=500)
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--device", default="auto")
+    e.add_argument("--write-card", action="store_true", help="store the metrics in the model card")
+    e.add_argument("--json", type=Path, default=None, help="also write the metrics to this file")
+    e.add_argument("--no-progress", action="store_true")
+    e.set_defaults(func=cmd_evaluate)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from models.data import load_mnist, mnist_fingerprint
+
+    config = TrainConfig(
+        alpha=args.alpha,
+        k_train=args.k_train,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        optimizer=args.optimizer,
+        lr=args.lr,
+        weight_decay=args.weight_decay,
+        seed=args.seed,
+        patience=args.patience,
+    )
+    device = pick_device(args.device)
+    arch = preset_architecture(args.preset, p=args.p)
+    name = args.name or (
+        f"{args.preset}" if not arch["stochastic"] else f"{args.preset}-alpha{args.alpha:g}"
+    )
+    out = args.out or Path("runs") / name
+    train_data = load_mnist("train", val_size=args.val_size, limit=args.limit)
+    val_data = load_mnist("val", val_size=args.val_size) if args.val_size else None
+    model = build_network(arch)
+    print(f"training {name} on {train_data[0].shape[0]} images, device {device}", file=sys.stderr)
+    result = train(
+        model,
+        train_data,
+        val_data,
+        config,
+        device=device,
+        progress=not args.no_progress,
+        on_epoch=lambda row: print(
+            json.dumps({k: round(v, 5) for k, v in row.items()}), file=sys.stderr
+        ),
+    )
+    card = ModelCard(
+        name=name,
+        architecture=arch,
+        training={
+            **vars(config),
+            "k_train": config.k_train if arch["stochastic"] else 1,
+            "data": "mnist",
+            "train_images": int(train_data[0].shape[0]),
+            "val_size": args.val_size,
+            "data_sha256": mnist_fingerprint(),
+            "epochs_run": len(result.history),
+            "best_epoch": result.best_epoch,
+            "seconds": round(result.seconds, 1),
+            "rows_per_second": round(result.samples_per_second, 1),
+            "device": str(device),
+        },
+        metrics={"val": result.val_metrics},
+    )
+    save_model(model, card, out)
+    print(json.dumps({"model": str(out), "val": result.val_metrics}, indent=2))
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from models.data import load_mnist
+    from models.evaluate import evaluate
+
+    device = pick_device(args.device)
+    loaded = load_model(args.model, device)
+    x, y = load_mnist(
+        args.split, val_size=loaded.card.training.get("val_size", 10_000), limit=args.limit
+    )
+    metrics = evaluate(
+        loaded.network,
+        x,
+        y,
+        k=args.k,
+        device=device,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        progress=not args.no_progress,
+    )
+    report = {
+        "model": loaded.card.name,
+        "split": args.split,
+        "images": int(x.shape[0]),
+        "k": args.k,
+        **metrics,
+    }
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+    if args.write_card:
+        loaded.card.metrics[args.split] = {"k": args.k, "images": int(x.shape[0]), **metrics}
+        write_card(loaded.card, args.model)
+    return 0

@@ -1,0 +1,60 @@
+"""MC dropout: dropout that can stay on at inference and draw its masks from a given generator.
+
+``nn.Dropout`` is tied to ``module.training`` and the global RNG. The MC engine needs dropout on
+while everything else (e.g. future batch-norm layers) is in eval mode, and it needs reproducible
+masks from an explicit ``torch.Generator``. Both are set for a block of code with
+:func:`mc_sampling`; the state lives in a context variable, so concurrent threads do not see each
+other's generator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# (sampling active, generator or None)
+_MC_STATE: contextvars.ContextVar[tuple[bool, torch.Generator | None]] = contextvars.ContextVar(
+    "bayesgate_mc_state", default=(False, None)
+)
+
+
+@contextlib.contextmanager
+def mc_sampling(generator: torch.Generator | None = None) -> Iterator[None]:
+    """Keep every :class:`MCDropout` active inside the block, drawing masks from ``generator``."""
+    token = _MC_STATE.set((True, generator))
+    try:
+        yield
+    finally:
+        _MC_STATE.reset(token)
+
+
+class MCDropout(nn.Module):
+    """Inverted dropout ``x ⊙ z / (1−p)``, ``z_i ~ Bernoulli(1−p)`` independently per element.
+
+    Active in training mode and inside :func:`mc_sampling`; the identity otherwise (the
+    deterministic weight-scaling approximation, since weights are trained for the rescaled input).
+    """
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout rate p must be in [0, 1), got {p}")
+        self.p = float(p)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        sampling, generator = _MC_STATE.get()
+        if self.p == 0.0 or not (self.training or sampling):
+            return x
+        if generator is None:
+            return F.dropout(x, self.p, training=True)
+        keep = 1.0 - self.p
+        mask = torch.empty_like(x).bernoulli_(keep, generator=generator)
+        return x * mask.mul_(1.0 / keep)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"

@@ -1,0 +1,146 @@
+"""Dropout networks of Li & Gal (2017), each split into a deterministic trunk and a stochastic head.
+
+Every network here has ``trunk`` (no randomness: run once per input) and ``head`` (starts at the
+first dropout layer: run K times). ``forward(x) = head(trunk(x))``. The MC engine uses the split to
+run the trunk on ``B`` rows and only the head on ``K·B`` rows.
+
+Architectures are described by plain dicts (stored in the model card) and rebuilt with
+:func:`build_network`; named presets live in :data:`PRESETS`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from models.layers import MCDropout
+
+MNIST_SHAPE = (1, 28, 28)
+
+
+class DropoutMLP(nn.Module):
+    """MLP with dropout before **every** weight layer, the input layer included, and ReLU.
+
+    ``x → flatten → [dropout → linear → relu] × len(hidden) → dropout → linear → logits``.
+    The trunk is only the flatten: the input itself is dropped, so everything else is stochastic.
+    """
+
+    def __init__(
+        self,
+        hidden: Sequence[int] = (1000, 1000, 1000),
+        p: float = 0.5,
+        in_shape: Sequence[int] = MNIST_SHAPE,
+        classes: int = 10,
+        stochastic: bool = True,
+    ) -> None:
+        super().__init__()
+        if not hidden or any(h <= 0 for h in hidden):
+            raise ValueError(f"hidden widths must be positive, got {list(hidden)}")
+        self.in_shape = tuple(in_shape)
+        self.stochastic = stochastic
+        dims = [math.prod(self.in_shape), *hidden]
+        layers: list[nn.Module] = []
+        for d_in, d_out in zip(dims[:-1], dims[1:], strict=True):
+            layers += [MCDropout(p), nn.Linear(d_in, d_out), nn.ReLU()]
+        layers += [MCDropout(p), nn.Linear(dims[-1], classes)]
+        self.trunk = nn.Flatten()
+        self.head = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.trunk(x))
+
+
+class DropoutCNN(nn.Module):
+    """The paper's Keras CNN: a deterministic conv stack and a dropout MLP head.
+
+    trunk: ``conv 32@3×3 (valid) → relu → conv 32@3×3 → relu → maxpool 2×2 → flatten``;
+    head: ``dropout → dense hidden → relu → dropout → dense classes``.
+    """
+
+    def __init__(
+        self,
+        p: float = 0.5,
+        channels: int = 32,
+        hidden: int = 100,
+        in_shape: Sequence[int] = MNIST_SHAPE,
+        classes: int = 10,
+        stochastic: bool = True,
+    ) -> None:
+        super().__init__()
+        c, h, w = in_shape
+        self.in_shape = tuple(in_shape)
+        self.stochastic = stochastic
+        self.trunk = nn.Sequential(
+            nn.Conv2d(c, channels, 3),
+            nn.ReLU(),
+            nn.Conv2d(channels, channels, 3),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+        )
+        features = channels * ((h - 4) // 2) * ((w - 4) // 2)
+        self.head = nn.Sequential(
+            MCDropout(p),
+            nn.Linear(features, hidden),
+            nn.ReLU(),
+            MCDropout(p),
+            nn.Linear(hidden, classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.trunk(x))
+
+
+NETWORK_TYPES: dict[str, type[nn.Module]] = {"dropout_mlp": DropoutMLP, "dropout_cnn": DropoutCNN}
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "mlp-3x1000": {"type": "dropout_mlp", "hidden": [1000, 1000, 1000], "p": 0.5},
+    "mlp-4x1024": {"type": "dropout_mlp", "hidden": [1024, 1024, 1024, 1024], "p": 0.5},
+    "mlp-2x100": {"type": "dropout_mlp", "hidden": [100, 100], "p": 0.5},
+    "mlp-2x32": {"type": "dropout_mlp", "hidden": [32, 32], "p": 0.2},
+    "cnn": {"type": "dropout_cnn", "channels": 32, "hidden": 100, "p": 0.5},
+}
+DETERMINISTIC_SUFFIX = "-det"
+
+
+def preset_names() -> list[str]:
+    """All preset names, including the deterministic (``-det``) baselines."""
+    return [n for base in PRESETS for n in (base, base + DETERMINISTIC_SUFFIX)]
+
+
+def preset_architecture(name: str, p: float | None = None) -> dict[str, Any]:
+    """Architecture dict of a preset; ``<preset>-det`` is the deterministic baseline.
+
+    A deterministic baseline is the same network trained by maximum likelihood (K=1, dropout as a
+    regulariser) and evaluated with dropout off.
+    """
+    base, det = name, False
+    if name.endswith(DETERMINISTIC_SUFFIX):
+        base, det = name[: -len(DETERMINISTIC_SUFFIX)], True
+    if base not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(preset_names())}")
+    arch = {**PRESETS[base], "preset": name, "stochastic": not det}
+    if p is not None:
+        arch["p"] = p
+    arch.setdefault("in_shape", list(MNIST_SHAPE))
+    arch.setdefault("classes", 10)
+    return arch
+
+
+def build_network(arch: dict[str, Any]) -> nn.Module:
+    """Rebuild a network from its architecture dict (as stored in a model card)."""
+    kwargs = {k: v for k, v in arch.items() if k not in ("type", "preset")}
+    try:
+        cls = NETWORK_TYPES[arch["type"]]
+    except KeyError as exc:
+        raise ValueError(
+            f"unknown network type {arch.get('type')!r}; known: {list(NETWORK_TYPES)}"
+        ) from exc
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise ValueError(f"architecture {arch} does not fit {cls.__name__}: {exc}") from exc

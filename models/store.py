@@ -1,0 +1,192 @@
+"""Model store: one directory per model holding ``model.safetensors`` and ``card.json``.
+
+The card records everything needed to rebuild the network (architecture dict), how it was trained,
+its input spec, metrics and the sha256 of the weights file. Loading rebuilds the network from the
+card, verifies the sha256 and loads the weights with safetensors — no pickle is ever read.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import subprocess
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
+from torch import nn
+
+from models.networks import build_network
+
+WEIGHTS_FILE = "model.safetensors"
+CARD_FILE = "card.json"
+CALIBRATION_FILE = "calibration.json"
+CARD_FORMAT = "bayesgate-model/1"
+
+
+class ModelStoreError(Exception):
+    """A model directory is missing, incomplete, tampered with or inconsistent."""
+
+
+@dataclass
+class ModelCard:
+    """Metadata stored next to the weights (``card.json``)."""
+
+    name: str
+    architecture: dict[str, Any]
+    input: dict[str, Any] = field(
+        default_factory=lambda: {"shape": [1, 28, 28], "dtype": "float32", "range": [0.0, 1.0]}
+    )
+    classes: list[str] = field(default_factory=lambda: [str(i) for i in range(10)])
+    training: dict[str, Any] = field(default_factory=dict)
+    inference: dict[str, Any] = field(default_factory=lambda: {"k_test": 100, "k_attack": 10})
+    metrics: dict[str, Any] = field(default_factory=dict)
+    weights_sha256: str = ""
+    code_version: str = ""
+    created: str = ""
+    format: str = CARD_FORMAT
+
+    @property
+    def stochastic(self) -> bool:
+        return bool(self.architecture.get("stochastic", True))
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=False) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "card") -> ModelCard:
+        if data.get("format") != CARD_FORMAT:
+            raise ModelStoreError(
+                f"{source}: unsupported card format {data.get('format')!r}, expected {CARD_FORMAT!r}"
+            )
+        known = set(cls.__dataclass_fields__)
+        missing = {"name", "architecture", "weights_sha256"} - set(data)
+        if missing:
+            raise ModelStoreError(
+                f"{source}: card lacks required field(s) {', '.join(sorted(missing))}"
+            )
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass
+class LoadedModel:
+    """A network rebuilt from the store, on its device, in eval mode, with its card."""
+
+    network: nn.Module
+    card: ModelCard
+    directory: Path
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def code_version() -> str:
+    """Package version plus the git commit when run from a checkout."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        v = version("bayesgate")
+    except PackageNotFoundError:
+        v = "0+unknown"
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+        return f"{v}+g{commit}"
+    except (OSError, subprocess.SubprocessError):
+        return v
+
+
+def save_model(network: nn.Module, card: ModelCard, directory: Path | str) -> ModelCard:
+    """Write ``model.safetensors`` and ``card.json`` into ``directory`` (created if needed).
+
+    Fills ``weights_sha256``, ``code_version`` and ``created``; returns the card as written. Files
+    are written to temporaries and renamed, so a crash never leaves a half-written model.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to("cpu").contiguous() for k, v in network.state_dict().items()}
+    blob = save_safetensors(state, metadata={"format": CARD_FORMAT, "name": card.name})
+    card.weights_sha256 = hashlib.sha256(blob).hexdigest()
+    card.code_version = card.code_version or code_version()
+    card.created = card.created or dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    _atomic_write(directory / WEIGHTS_FILE, blob)
+    _atomic_write(directory / CARD_FILE, card.to_json().encode())
+    return card
+
+
+def read_card(directory: Path | str) -> ModelCard:
+    """Parse and check ``card.json`` of a model directory."""
+    path = Path(directory) / CARD_FILE
+    if not path.is_file():
+        raise ModelStoreError(f"{path}: model card not found (is {directory} a model directory?)")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelStoreError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ModelStoreError(f"{path}: expected a JSON object")
+    return ModelCard.from_dict(data, source=str(path))
+
+
+def write_card(card: ModelCard, directory: Path | str) -> None:
+    """Rewrite ``card.json`` (e.g. after evaluation added metrics); weights are untouched."""
+    _atomic_write(Path(directory) / CARD_FILE, card.to_json().encode())
+
+
+def load_model(directory: Path | str, device: torch.device | str = "cpu") -> LoadedModel:
+    """Rebuild the network from the card, verify the weights' sha256 and load them."""
+    directory = Path(directory)
+    card = read_card(directory)
+    weights = directory / WEIGHTS_FILE
+    if not weights.is_file():
+        raise ModelStoreError(f"{weights}: weights file not found")
+    blob = weights.read_bytes()
+    digest = hashlib.sha256(blob).hexdigest()
+    if digest != card.weights_sha256:
+        raise ModelStoreError(
+            f"{weights}: sha256 {digest[:16]}… does not match the card's {card.weights_sha256[:16]}… "
+            "(file truncated or tampered with)"
+        )
+    try:
+        state = load_safetensors(blob)
+    except (SafetensorError, ValueError) as exc:
+        raise ModelStoreError(f"{weights}: not a valid safetensors file ({exc})") from exc
+    try:
+        network = build_network(card.architecture)
+    except ValueError as exc:
+        raise ModelStoreError(f"{directory / CARD_FILE}: {exc}") from exc
+    try:
+        network.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        first = str(exc).splitlines()[0]
+        raise ModelStoreError(
+            f"{weights}: weights do not fit the card's architecture ({first})"
+        ) from exc
+    network.to(device).eval()
+    return LoadedModel(network=network, card=card, directory=directory)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -1,0 +1,81 @@
+"""Uncertainty measures from MC predictive samples ``probs`` shaped ``B×K×C``.
+
+Notation: ``p_k = probs[:, k]``, ``p̄ = (1/K) Σ_k p_k``, ``H[p] = −Σ_c p_c log p_c`` (computed with
+``torch.special.entr`` so that ``0·log 0 = 0``). All functions return one value per example.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def _check(probs: torch.Tensor) -> None:
+    if probs.dim() != 3:
+        raise ValueError(f"MC probabilities must be B×K×C, got shape {tuple(probs.shape)}")
+
+
+def predictive_mean(probs: torch.Tensor) -> torch.Tensor:
+    """``p̄(c|x) = (1/K) Σ_k p_k(c|x)``, shape ``B×C``."""
+    _check(probs)
+    return probs.mean(dim=1)
+
+
+def predictive_entropy(probs: torch.Tensor) -> torch.Tensor:
+    """Total uncertainty ``H[p̄] = −Σ_c p̄_c log p̄_c`` (nats), shape ``B``."""
+    return torch.special.entr(predictive_mean(probs)).sum(dim=-1)
+
+
+def expected_entropy(probs: torch.Tensor) -> torch.Tensor:
+    """Aleatoric part ``E = (1/K) Σ_k H[p_k]``, shape ``B``."""
+    _check(probs)
+    return torch.special.entr(probs).sum(dim=-1).mean(dim=1)
+
+
+def mutual_information(probs: torch.Tensor) -> torch.Tensor:
+    """Epistemic part ``MI = H[p̄] − (1/K) Σ_k H[p_k]`` (BALD), clamped at 0 against round-off."""
+    return (predictive_entropy(probs) - expected_entropy(probs)).clamp_min(0.0)
+
+
+def variation_ratio(probs: torch.Tensor) -> torch.Tensor:
+    """``1 − f_mode/K`` where ``f_mode`` counts the passes voting for the most common argmax class."""
+    _check(probs)
+    _, k, c = probs.shape
+    votes = torch.nn.functional.one_hot(probs.argmax(dim=-1), c).sum(dim=1)
+    return 1.0 - votes.max(dim=-1).values.to(probs.dtype) / k
+
+
+def kwon_variance(probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Diagonals of the predictive-variance decomposition of Kwon et al. (2020), each ``B×C``.
+
+    aleatoric ``diag( diag(p̄) − (1/K) Σ_k p_k p_kᵀ ) = p̄ − (1/K) Σ_k p_k²``;
+    epistemic ``diag( (1/K) Σ_k (p_k − p̄)(p_k − p̄)ᵀ ) = (1/K) Σ_k (p_k − p̄)²``.
+    """
+    mean = predictive_mean(probs)
+    aleatoric = mean - probs.pow(2).mean(dim=1)
+    epistemic = (probs - mean.unsqueeze(1)).pow(2).mean(dim=1)
+    return aleatoric, epistemic
+
+
+def mc_log_likelihood(log_probs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``log p̄(y|x) = logsumexp_k(log p_k(y|x)) − log K`` for int64 labels ``y`` (``B``)."""
+    _check(log_probs)
+    b, k, _ = log_probs.shape
+    picked = log_probs.gather(2, y.view(b, 1, 1).expand(b, k, 1)).squeeze(2)
+    return torch.logsumexp(picked, dim=1) - math.log(k)
+
+
+SCORES = {
+    "predictive_entropy": predictive_entropy,
+    "mutual_information": mutual_information,
+    "variation_ratio": variation_ratio,
+}
+
+
+def score(probs: torch.Tensor, name: str) -> torch.Tensor:
+    """The uncertainty score ``name`` (one of :data:`SCORES`) used to flag inputs, shape ``B``."""
+    try:
+        return SCORES[name](probs)
+    except KeyError as exc:
+        raise ValueError(f"unknown score {name!r}; choose one of {', '.join(SCORES)}") from exc
