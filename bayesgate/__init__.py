@@ -1,1 +1,1 @@
-"""BayesGate command line entry point (``bayesgate``); the library lives in models/attacks/service."""
+"""BayesGate's command line (``bayesgate``); the library lives in models/, attacks/, service/."""

@@ -24,7 +24,7 @@ class UserError(Exception):
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bayesgate",
-        description="Train Bayesian dropout networks, calibrate adversarial-input thresholds, serve them.",
+        description="Train Bayesian dropout nets, calibrate adversarial-input thresholds, serve.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:

@@ -66,7 +66,7 @@ def collect_mc(
     seed: int | None = 0,
     progress: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """MC samples ``(probs, log_probs)`` (``N×K×C``, on the CPU) for a whole data set, in batches."""
+    """MC samples ``(probs, log_probs)``, ``N×K×C`` on the CPU, for a whole data set in batches."""
     from tqdm.auto import tqdm
 
     device = torch.device(device)

@@ -54,7 +54,8 @@ def gaussian_log_likelihood(
 ) -> torch.Tensor:
     """``B×K`` log-densities ``log N(y_n; f_k(x_n), τ⁻¹ I)``.
 
-    ``= −(τ/2)‖y_n − f_k(x_n)‖² + (D/2)·log τ − (D/2)·log 2π`` for ``mc_pred`` ``B×K×D``, ``y`` ``B×D``.
+    ``= −(τ/2)‖y_n − f_k(x_n)‖² + (D/2)·log τ − (D/2)·log 2π``
+    for ``mc_pred`` ``B×K×D`` and ``y`` ``B×D``.
     """
     if mc_pred.dim() != 3:
         raise ValueError(f"mc_pred must be B×K×D, got shape {tuple(mc_pred.shape)}")

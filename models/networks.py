@@ -10,6 +10,7 @@ Architectures are described by plain dicts (stored in the model card) and rebuil
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -44,7 +45,7 @@ class DropoutMLP(nn.Module):
         self.stochastic = stochastic
         dims = [math.prod(self.in_shape), *hidden]
         layers: list[nn.Module] = []
-        for d_in, d_out in zip(dims[:-1], dims[1:], strict=True):
+        for d_in, d_out in itertools.pairwise(dims):
             layers += [MCDropout(p), nn.Linear(d_in, d_out), nn.ReLU()]
         layers += [MCDropout(p), nn.Linear(dims[-1], classes)]
         self.trunk = nn.Flatten()

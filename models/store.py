@@ -63,7 +63,8 @@ class ModelCard:
     def from_dict(cls, data: dict[str, Any], source: str = "card") -> ModelCard:
         if data.get("format") != CARD_FORMAT:
             raise ModelStoreError(
-                f"{source}: unsupported card format {data.get('format')!r}, expected {CARD_FORMAT!r}"
+                f"{source}: unsupported card format {data.get('format')!r}, "
+                f"expected {CARD_FORMAT!r}"
             )
         known = set(cls.__dataclass_fields__)
         missing = {"name", "architecture", "weights_sha256"} - set(data)
@@ -161,7 +162,8 @@ def load_model(directory: Path | str, device: torch.device | str = "cpu") -> Loa
     digest = hashlib.sha256(blob).hexdigest()
     if digest != card.weights_sha256:
         raise ModelStoreError(
-            f"{weights}: sha256 {digest[:16]}… does not match the card's {card.weights_sha256[:16]}… "
+            f"{weights}: sha256 {digest[:16]}… does not match the card's "
+            f"{card.weights_sha256[:16]}… "
             "(file truncated or tampered with)"
         )
     try:

@@ -39,7 +39,7 @@ def mutual_information(probs: torch.Tensor) -> torch.Tensor:
 
 
 def variation_ratio(probs: torch.Tensor) -> torch.Tensor:
-    """``1 − f_mode/K`` where ``f_mode`` counts the passes voting for the most common argmax class."""
+    """``1 − f_mode/K``, ``f_mode`` = number of passes voting for the most common argmax."""
     _check(probs)
     _, k, c = probs.shape
     votes = torch.nn.functional.one_hot(probs.argmax(dim=-1), c).sum(dim=1)
