@@ -50,11 +50,14 @@ class MCDropout(nn.Module):
         sampling, generator = _MC_STATE.get()
         if self.p == 0.0 or not (self.training or sampling):
             return x
+        # Under inference mode nothing needs the unmasked activations, so a tensor this layer's
+        # caller owns (not a view of someone else's input) is masked in place: one buffer less.
+        inplace = torch.is_inference_mode_enabled() and not x._is_view()
         if generator is None:
-            return F.dropout(x, self.p, training=True)
+            return F.dropout(x, self.p, training=True, inplace=inplace)
         keep = 1.0 - self.p
-        mask = torch.empty_like(x).bernoulli_(keep, generator=generator)
-        return x * mask.mul_(1.0 / keep)
+        mask = torch.empty_like(x).bernoulli_(keep, generator=generator).mul_(1.0 / keep)
+        return x.mul_(mask) if inplace else x * mask
 
     def extra_repr(self) -> str:
         return f"p={self.p}"

@@ -46,7 +46,7 @@ class DropoutMLP(nn.Module):
         dims = [math.prod(self.in_shape), *hidden]
         layers: list[nn.Module] = []
         for d_in, d_out in itertools.pairwise(dims):
-            layers += [MCDropout(p), nn.Linear(d_in, d_out), nn.ReLU()]
+            layers += [MCDropout(p), nn.Linear(d_in, d_out), nn.ReLU(inplace=True)]
         layers += [MCDropout(p), nn.Linear(dims[-1], classes)]
         self.trunk = nn.Flatten()
         self.head = nn.Sequential(*layers)
@@ -77,9 +77,9 @@ class DropoutCNN(nn.Module):
         self.stochastic = stochastic
         self.trunk = nn.Sequential(
             nn.Conv2d(c, channels, 3),
-            nn.ReLU(),
+            nn.ReLU(inplace=True),
             nn.Conv2d(channels, channels, 3),
-            nn.ReLU(),
+            nn.ReLU(inplace=True),
             nn.MaxPool2d(2),
             nn.Flatten(),
         )
@@ -87,7 +87,7 @@ class DropoutCNN(nn.Module):
         self.head = nn.Sequential(
             MCDropout(p),
             nn.Linear(features, hidden),
-            nn.ReLU(),
+            nn.ReLU(inplace=True),
             MCDropout(p),
             nn.Linear(hidden, classes),
         )
