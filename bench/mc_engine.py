@@ -182,7 +182,7 @@ def main() -> None:
     memory = {p: peak_memory_per_1k_rows(p, 8192, str(device)) for p in ("mlp-3x1000", "cnn")}
 
     print(f"device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}, K={K}\n")
-    print(f"| case | baseline | baseline ms | engine ms | speed-up | target |")
+    print("| case | baseline | baseline ms | engine ms | speed-up | target |")
     print("|---|---|---:|---:|---:|---|")
     for r in rows:
         print(
@@ -193,7 +193,8 @@ def main() -> None:
     print("|---|---:|---:|---:|")
     for r in roofline:
         print(
-            f"| B={r['batch']} | {r['model_gflops']:.1f} | {r['matmul_gflops']:.1f} | {r['fraction']:.0%} |"
+            f"| B={r['batch']} | {r['model_gflops']:.1f} | {r['matmul_gflops']:.1f} "
+            f"| {r['fraction']:.0%} |"
         )
     print("\n| network | peak MiB per 1k K·B rows |")
     print("|---|---:|")
