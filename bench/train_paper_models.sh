@@ -13,9 +13,9 @@ train() {  # name, then train flags
 }
 train cnn-alpha0.5 --preset cnn --alpha 0.5 --k-train 10 --epochs 10
 for a in 0 0.5 1; do
-  train "mlp-3x1000-alpha$a" --preset mlp-3x1000 --alpha "$a" --k-train 10 --epochs 6
+  train "mlp-3x1000-alpha$a" --preset mlp-3x1000 --alpha "$a" --k-train 10 --epochs 4
 done
-train mlp-3x1000-det --preset mlp-3x1000-det --epochs 6
+train mlp-3x1000-det --preset mlp-3x1000-det --epochs 4
 for a in 0 0.5 1; do
-  train "mlp-2x100-alpha$a" --preset mlp-2x100 --alpha "$a" --k-train 10 --epochs 20
+  train "mlp-2x100-alpha$a" --preset mlp-2x100 --alpha "$a" --k-train 10 --epochs 15
 done
