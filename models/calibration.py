@@ -40,6 +40,10 @@ class Calibration:
         return self.thresholds[self.score]
 
     def __post_init__(self) -> None:
+        if not isinstance(self.thresholds, dict):
+            raise ValueError(
+                f"thresholds must be a mapping score -> float, got {type(self.thresholds).__name__}"
+            )
         if self.score not in SCORES:
             raise ValueError(f"unknown score {self.score!r}; choose one of {', '.join(SCORES)}")
         if self.score not in self.thresholds:

@@ -17,16 +17,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# (sampling active, generator or None)
-_MC_STATE: contextvars.ContextVar[tuple[bool, torch.Generator | None]] = contextvars.ContextVar(
-    "bayesgate_mc_state", default=(False, None)
+# (sampling active, generator or None, may mask in place)
+_MC_STATE: contextvars.ContextVar[tuple[bool, torch.Generator | None, bool]] = (
+    contextvars.ContextVar("bayesgate_mc_state", default=(False, None, False))
 )
 
 
 @contextlib.contextmanager
-def mc_sampling(generator: torch.Generator | None = None) -> Iterator[None]:
-    """Keep every :class:`MCDropout` active inside the block, drawing masks from ``generator``."""
-    token = _MC_STATE.set((True, generator))
+def mc_sampling(
+    generator: torch.Generator | None = None, *, inplace: bool = False
+) -> Iterator[None]:
+    """Keep every :class:`MCDropout` active inside the block, drawing masks from ``generator``.
+
+    ``inplace=True`` lets dropout overwrite its input (one buffer less). Only a caller that owns
+    every activation the head sees may ask for it — the MC engine does, since it feeds the head
+    fresh rows under inference mode; code calling a network on its own tensors must not.
+    """
+    token = _MC_STATE.set((True, generator, inplace))
     try:
         yield
     finally:
@@ -47,12 +54,10 @@ class MCDropout(nn.Module):
         self.p = float(p)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        sampling, generator = _MC_STATE.get()
+        sampling, generator, inplace = _MC_STATE.get()
         if self.p == 0.0 or not (self.training or sampling):
             return x
-        # Under inference mode nothing needs the unmasked activations, so a tensor this layer's
-        # caller owns (not a view of someone else's input) is masked in place: one buffer less.
-        inplace = torch.is_inference_mode_enabled() and not x._is_view()
+        inplace = inplace and torch.is_inference_mode_enabled()
         if generator is None:
             return F.dropout(x, self.p, training=True, inplace=inplace)
         keep = 1.0 - self.p

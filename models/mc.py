@@ -39,11 +39,7 @@ def mc_logits(model: nn.Module, x: torch.Tensor, k: int) -> torch.Tensor:
     the forward the training loop differentiates.
     """
     _check_k(k)
-    h = model.trunk(x)
-    b = h.shape[0]
-    rows = h.unsqueeze(1).expand(b, k, *h.shape[1:]).reshape(b * k, *h.shape[1:])
-    out = model.head(rows)
-    return out.view(b, k, *out.shape[1:])
+    return _head_samples(model, model.trunk(x), k)
 
 
 def mc_predict(
@@ -71,7 +67,9 @@ def mc_predict(
             log_p = torch.cat([_log_softmax(model(c)) for c in x.split(max_rows)])
             log_p = log_p.unsqueeze(1).expand(-1, k, -1)
             return MCPrediction(log_p.exp(), log_p)
-        with mc_sampling(generator):
+        # the head only ever sees fresh rows here, so dropout may mask them in place (a head
+        # run k times on the same rows, the weight-sampling branch, must not)
+        with mc_sampling(generator, inplace=getattr(model, "per_example_noise", True)):
             log_p = _stochastic_log_probs(model, x, k, max_rows)
     return MCPrediction(log_p.exp(), log_p)
 
@@ -104,14 +102,31 @@ def _stochastic_log_probs(model: nn.Module, x: torch.Tensor, k: int, max_rows: i
         nb = h.shape[0]
         for k0 in range(0, k, k_step):
             kk = min(k_step, k - k0)
-            rows = h.unsqueeze(1).expand(nb, kk, *h.shape[1:]).reshape(nb * kk, *h.shape[1:])
-            log_p = _log_softmax(model.head(rows)).view(nb, kk, -1)
+            log_p = _log_softmax(_head_samples(model, h, kk))
             if out is None:
                 out = torch.empty(b, k, log_p.shape[-1], dtype=torch.float32, device=x.device)
             out[start : start + nb, k0 : k0 + kk] = log_p
     if out is None:
         raise ValueError("mc_predict needs at least one input row")
     return out
+
+
+def _head_samples(model: nn.Module, h: torch.Tensor, k: int) -> torch.Tensor:
+    """``b×k×…`` head outputs of ``k`` passes over the trunk output ``h`` (``b×…``).
+
+    Per-example noise (dropout, local reparameterisation): one forward over ``k·b`` rows, row
+    ``b·k + j`` being sample j of example b. Weight-sampling layers (``model.per_example_noise``
+    false) draw one weight sample per forward, shared by all rows, so replicated rows would be k
+    identical samples: there the head runs k times on the ``b`` rows instead.
+    """
+    b = h.shape[0]
+    if not getattr(model, "per_example_noise", True):
+        return torch.stack([model.head(h) for _ in range(k)], dim=1)
+    # repeat_interleave, not expand+reshape: the latter can alias x (K = 1) or give a
+    # stride-0 view (one example per chunk), which in-place masking must not touch
+    rows = h.repeat_interleave(k, dim=0)
+    out = model.head(rows)
+    return out.view(b, k, *out.shape[1:])
 
 
 def _log_softmax(logits: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,181 @@
+"""``bayesgate train`` / ``bayesgate evaluate`` end to end through :func:`bayesgate.cli.main`."""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import hashlib
+import io
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from bayesgate.cli import main
+from models.data import MNIST_FINGERPRINT, load_mnist
+from models.mc import mc_predict
+from models.store import CARD_FILE, WEIGHTS_FILE, load_model, read_card
+
+MNIST_ORDER = (
+    "train-images-idx3-ubyte.gz",
+    "train-labels-idx1-ubyte.gz",
+    "t10k-images-idx3-ubyte.gz",
+    "t10k-labels-idx1-ubyte.gz",
+)
+
+
+def _run(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory, mnist_root: Path):
+    """One `bayesgate train` run shared by the tests: (model dir, exit code, stdout, stderr)."""
+    out = tmp_path_factory.mktemp("cli") / "model"
+    argv = [
+        "train",
+        "--preset",
+        "mlp-2x32",
+        "--epochs",
+        "1",
+        "--limit",
+        "1000",
+        "--val-size",
+        "1000",
+        "--out",
+        str(out),
+        "--no-progress",
+        "--device",
+        "cpu",
+    ]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("BAYESGATE_DATA_DIR", str(mnist_root))
+        code, stdout, stderr = _run(argv)
+    return out, code, stdout, stderr
+
+
+@pytest.fixture
+def data_env(monkeypatch: pytest.MonkeyPatch, mnist_root: Path) -> None:
+    monkeypatch.setenv("BAYESGATE_DATA_DIR", str(mnist_root))
+
+
+def test_train_writes_a_loadable_model(trained, mnist_root: Path) -> None:
+    out, code, stdout, stderr = trained
+    assert code == 0, stderr
+    assert sorted(p.name for p in out.iterdir()) == sorted([CARD_FILE, WEIGHTS_FILE])
+    loaded = load_model(out)
+    card = loaded.card
+    assert card.name == "mlp-2x32-alpha0.5"
+    assert card.architecture["preset"] == "mlp-2x32"
+    training = card.training
+    assert training["alpha"] == 0.5
+    assert training["k_train"] == 10
+    assert training["epochs"] == 1 and training["epochs_run"] == 1
+    assert training["train_images"] == 1000
+    assert training["val_size"] == 1000
+    assert training["data"] == "mnist"
+    # data_sha256: sha256 of the four decompressed IDX files in order, computed here by hand
+    digest = hashlib.sha256()
+    for name in MNIST_ORDER:
+        digest.update(gzip.decompress((mnist_root / "mnist" / name).read_bytes()))
+    assert training["data_sha256"] == digest.hexdigest() == MNIST_FINGERPRINT
+    # the validation metrics of the run, also printed as JSON on stdout
+    report = json.loads(stdout)
+    assert report["model"] == str(out)
+    assert report["val"] == card.metrics["val"]
+    assert 0.0 <= card.metrics["val"]["accuracy"] <= 1.0
+    assert math.isfinite(card.metrics["val"]["nll"])
+    # one JSON progress line per epoch on stderr
+    epochs = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+    assert [row["epoch"] for row in epochs] == [1]
+
+
+def test_train_alpha_and_det_names(tmp_path: Path, data_env: None) -> None:
+    code, _, err = _run(
+        ["train", "--preset", "mlp-2x32-det", "--epochs", "1", "--limit", "200",
+         "--val-size", "100", "--k-train", "7", "--alpha", "0", "--out", str(tmp_path),
+         "--no-progress", "--device", "cpu"]
+    )  # fmt: skip
+    assert code == 0, err
+    card = read_card(tmp_path)
+    assert card.name == "mlp-2x32-det"
+    assert card.architecture["stochastic"] is False
+    assert card.training["k_train"] == 1  # deterministic baselines train with K = 1
+    assert card.training["alpha"] == 0.0
+
+
+def test_evaluate_writes_metrics_into_the_card(trained, tmp_path: Path, data_env: None) -> None:
+    out, code, _, _ = trained
+    assert code == 0
+    json_path = tmp_path / "metrics.json"
+    code, stdout, stderr = _run(
+        ["evaluate", str(out), "--k", "5", "--limit", "500", "--write-card", "--json",
+         str(json_path), "--no-progress", "--device", "cpu"]
+    )  # fmt: skip
+    assert code == 0, stderr
+    report = json.loads(stdout)
+    assert json.loads(json_path.read_text()) == report
+    assert (report["split"], report["images"], report["k"]) == ("test", 500, 5)
+    card = read_card(out)
+    test_metrics = card.metrics["test"]
+    assert test_metrics == {k: v for k, v in report.items() if k not in ("model", "split")}
+    assert "val" in card.metrics  # earlier metrics kept
+    # recompute accuracy and log-likelihood from the same seeded masks (seed 0, one batch)
+    loaded = load_model(out)
+    x, y = load_mnist("test", limit=500)
+    mc = mc_predict(loaded.network, x, 5, generator=torch.Generator().manual_seed(0))
+    accuracy = (mc.probs.mean(1).argmax(1) == y).double().mean().item()
+    log_lik = mc.probs.double().gather(2, y.view(-1, 1, 1).expand(-1, 5, 1)).mean(1).log().mean()
+    assert test_metrics["accuracy"] == pytest.approx(accuracy)
+    assert test_metrics["log_likelihood"] == pytest.approx(log_lik.item(), rel=1e-5)
+    assert test_metrics["nll"] == pytest.approx(-log_lik.item(), rel=1e-5)
+    # the weights are untouched: the card's sha256 still verifies
+    assert load_model(out).card.weights_sha256 == card.weights_sha256
+
+
+def test_missing_model_dir_is_a_one_line_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "no-such-model"
+    code = main(["evaluate", str(missing), "--k", "2", "--no-progress", "--device", "cpu"])
+    captured = capsys.readouterr()
+    assert code == 2
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("bayesgate: error: ")
+    assert str(missing) in lines[0]
+    assert "Traceback" not in captured.err
+    assert captured.out == ""
+
+
+def test_tampered_model_is_a_one_line_error(
+    trained, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, _, _, _ = trained
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for name in (CARD_FILE, WEIGHTS_FILE):
+        (copy / name).write_bytes((out / name).read_bytes())
+    blob = bytearray((copy / WEIGHTS_FILE).read_bytes())
+    blob[-1] ^= 0xFF
+    (copy / WEIGHTS_FILE).write_bytes(bytes(blob))
+    code = main(["evaluate", str(copy), "--k", "2", "--no-progress", "--device", "cpu"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("bayesgate: error: ") and "sha256" in err[0]
+
+
+def test_invalid_training_value_is_a_one_line_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["train", "--preset", "mlp-2x32", "--alpha", "-1", "--out", str(tmp_path / "m"),
+                 "--no-progress", "--device", "cpu"])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert err == ["bayesgate: error: alpha must be ≥ 0, got -1.0"]
+    assert not (tmp_path / "m").exists()
