@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Train the models the docs report on (full MNIST: 50k train / 10k validation), then evaluate each
-# on the 10k test images with K=100 MC samples. Slow: about 1.5 h on 2 CPU cores. Run by hand:
-#   BAYESGATE_DATA_DIR=../shared/data bash bench/train_paper_models.sh [runs]
+# on the 10k test images with K=100 MC samples. Slow: about 1.5 h on 2 busy CPU cores. Run by hand:
+#   OMP_NUM_THREADS=1 BAYESGATE_DATA_DIR=../shared/data bash bench/train_paper_models.sh [runs]
 set -euo pipefail
 out=${1:-runs}
 train() {  # name, then train flags
@@ -13,9 +13,9 @@ train() {  # name, then train flags
 }
 train cnn-alpha0.5 --preset cnn --alpha 0.5 --k-train 10 --epochs 10
 for a in 0 0.5 1; do
-  train "mlp-3x1000-alpha$a" --preset mlp-3x1000 --alpha "$a" --k-train 10 --epochs 4
+  train "mlp-3x1000-alpha$a" --preset mlp-3x1000 --alpha "$a" --k-train 10 --epochs 3
 done
-train mlp-3x1000-det --preset mlp-3x1000-det --epochs 4
+train mlp-3x1000-det --preset mlp-3x1000-det --epochs 3
 for a in 0 0.5 1; do
   train "mlp-2x100-alpha$a" --preset mlp-2x100 --alpha "$a" --k-train 10 --epochs 15
 done
