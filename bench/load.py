@@ -1,0 +1,393 @@
+"""Load benchmark of the prediction service: dynamic batching on vs off, and the engine alone.
+
+Starts ``bayesgate serve`` itself on 127.0.0.1 (a free port), twice — with batching
+(``max_batch_size`` = ``--max-batch-size``) and without (``max_batch_size = 1``) — and drives each
+with ``--clients`` concurrent keep-alive clients for ``--duration`` seconds (at most
+``--max-requests`` requests in all), every request one MNIST test image at K = ``--k``. Then it
+times the MC engine alone (``models.mc.mc_predict`` in this process) at the mean batch size the
+batching server reported in ``/v1/stats``. All processes use ``--threads`` torch threads.
+
+Prints throughput and p50/p95/p99 latency per mode and the ratios measured in this run:
+batching ÷ no batching (target ≥ 3 at 32 clients) and service ÷ engine (target ≥ 0.5).
+
+    python bench/load.py --duration 10             # bundled model, or an untrained CNN stand-in
+    python bench/load.py --model-dir runs/cnn --clients 32 --k 10 --json bench.json
+
+Traffic goes to 127.0.0.1 only; every loop is bounded in time and count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import models
+from models.calibration import Calibration, write_calibration
+from models.mc import mc_predict
+from models.networks import build_network, preset_architecture
+from models.store import ModelCard, load_model, save_model
+from models.uncertainty import SCORES
+
+BUNDLED = Path(models.__file__).parent / "pretrained" / "bayesgate-default"
+HOST = "127.0.0.1"
+MAX_DURATION_S = 120.0
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
+
+
+def stand_in_model(preset: str, directory: Path) -> Path:
+    """An untrained ``preset`` network with a placeholder calibration — same cost per forward as
+    a trained one, which is all a throughput benchmark measures."""
+    torch.manual_seed(0)
+    arch = preset_architecture(preset)
+    card = save_model(
+        build_network(arch), ModelCard(name=f"stand-in-{preset}", architecture=arch), directory
+    )
+    write_calibration(
+        Calibration(
+            model_sha256=card.weights_sha256,
+            score="mutual_information",
+            target_fpr=0.05,
+            k=10,
+            thresholds=dict.fromkeys(SCORES, 0.5),
+        ),
+        directory,
+    )
+    return directory
+
+
+def mnist_images(n: int) -> torch.Tensor:
+    """MNIST test images when the data is there, uniform noise otherwise."""
+    from models.data import DataError, load_mnist
+
+    try:
+        return load_mnist("test", download=False, limit=n)[0]
+    except (DataError, OSError):
+        return torch.rand(n, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def bayesgate_command() -> list[str]:
+    script = Path(sys.executable).parent / "bayesgate"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "bayesgate.cli"]
+
+
+class Server:
+    """``bayesgate serve`` in a subprocess, stopped with SIGINT on exit."""
+
+    def __init__(self, model_dir: Path, port: int, env: dict[str, str]) -> None:
+        full_env = {**os.environ, **env, "BAYESGATE_MODEL_DIR": str(model_dir)}
+        self.base = f"http://{HOST}:{port}"
+        self.proc = subprocess.Popen(
+            [*bayesgate_command(), "serve", "--host", HOST, "--port", str(port)],
+            env=full_env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the server process so far (Linux /proc; NaN elsewhere)."""
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            return float("nan")
+
+    def get(self, path: str) -> dict[str, Any]:
+        with _DIRECT.open(self.base + path, timeout=5) as r:
+            return json.load(r)
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"server exited: {self.proc.stderr.read() if self.proc.stderr else ''}"
+                )
+            try:
+                self.get("/readyz")
+                return
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError("server not ready in time")
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+async def _request(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, payload: bytes
+) -> int:
+    """One HTTP/1.1 keep-alive POST; returns the status (the body is read and dropped)."""
+    writer.write(payload)
+    await writer.drain()
+    status_line = await reader.readline()
+    length = 0
+    while True:
+        line = await reader.readline()
+        if line in (b"\r\n", b""):
+            break
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    await reader.readexactly(length)
+    return int(status_line.split()[1])
+
+
+async def drive(
+    port: int, bodies: list[bytes], clients: int, duration_s: float, max_requests: int
+) -> tuple[list[float], int, float]:
+    """``clients`` concurrent connections sending ``bodies`` round-robin; returns (latencies of
+    200 answers in seconds, number of non-200 answers, wall seconds)."""
+    latencies: list[float] = []
+    failures = 0
+    sent = 0
+    stop_at = time.perf_counter() + duration_s
+
+    def http(body: bytes) -> bytes:
+        head = (
+            f"POST /v1/predict HTTP/1.1\r\nHost: {HOST}:{port}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        return head.encode() + body
+
+    payloads = [http(b) for b in bodies]
+
+    async def client(i: int) -> None:
+        nonlocal failures, sent
+        reader, writer = await asyncio.open_connection(HOST, port)
+        try:
+            j = i
+            while time.perf_counter() < stop_at and sent < max_requests:
+                sent += 1
+                t0 = time.perf_counter()
+                status = await _request(reader, writer, payloads[j % len(payloads)])
+                if status == 200:
+                    latencies.append(time.perf_counter() - t0)
+                else:
+                    failures += 1
+                j += clients
+        finally:
+            writer.close()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client(i) for i in range(clients)))
+    return latencies, failures, time.perf_counter() - start
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))] if ordered else float("nan")
+
+
+def run_mode(
+    name: str, model_dir: Path, bodies: list[bytes], args: argparse.Namespace, batch: int
+) -> dict[str, Any]:
+    port = free_port()
+    env = {
+        "BAYESGATE_MAX_BATCH_SIZE": str(batch),
+        "BAYESGATE_MAX_QUEUE_DELAY_MS": str(args.max_queue_delay_ms),
+        "BAYESGATE_NUM_THREADS": str(args.threads),
+        "BAYESGATE_QUEUE_CAPACITY": str(max(256, 4 * args.clients)),
+        "BAYESGATE_MAX_MC_SAMPLES": str(max(100, args.k)),
+        "BAYESGATE_REQUEST_TIMEOUT_S": "60",
+        "BAYESGATE_LOG_LEVEL": "warning",
+        "BAYESGATE_DEVICE": args.device,
+        "OMP_NUM_THREADS": str(args.threads),
+    }
+    with Server(model_dir, port, env) as server:
+        server.wait_ready()
+        asyncio.run(drive(port, bodies, args.clients, min(1.0, args.duration), 10_000))  # warm-up
+        before, cpu0 = server.get("/v1/stats"), server.cpu_seconds()
+        latencies, failures, wall = asyncio.run(
+            drive(port, bodies, args.clients, args.duration, args.max_requests)
+        )
+        after, cpu1 = server.get("/v1/stats"), server.cpu_seconds()
+    calls = after["engine_calls"] - before["engine_calls"]
+    instances = after["instances"] - before["instances"]
+    done = len(latencies)
+    return {
+        "mode": name,
+        "max_batch_size": batch,
+        "requests": done,
+        "failed": failures,
+        "throughput": done / wall,
+        "p50_ms": 1000 * percentile(latencies, 50),
+        "p95_ms": 1000 * percentile(latencies, 95),
+        "p99_ms": 1000 * percentile(latencies, 99),
+        "mean_ms": 1000 * statistics.fmean(latencies) if latencies else float("nan"),
+        "mean_batch": instances / calls if calls else 0.0,
+        "cpu_ms_per_request": 1000 * (cpu1 - cpu0) / done if done else float("nan"),
+        "cpu_share": (cpu1 - cpu0) / wall,
+    }
+
+
+def engine_alone(model_dir: Path, batch: int, args: argparse.Namespace) -> dict[str, Any]:
+    """``mc_predict`` on ``batch`` images back to back for ``--duration`` seconds (this process,
+    ``--threads`` torch threads); CPU time is this process's, i.e. the engine's."""
+    torch.set_num_threads(args.threads)
+    device = torch.device("cpu" if args.device == "auto" else args.device)
+    net = load_model(model_dir, device).network
+    x = mnist_images(batch).to(device)
+    for _ in range(3):
+        mc_predict(net, x, args.k)
+    calls, start, cpu0 = 0, time.perf_counter(), time.process_time()
+    while time.perf_counter() - start < args.duration and calls * batch < args.max_requests:
+        mc_predict(net, x, args.k)
+        calls += 1
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu0
+    return {
+        "mode": f"engine B={batch}",
+        "max_batch_size": batch,
+        "requests": calls * batch,
+        "failed": 0,
+        "throughput": calls * batch / wall,
+        "p50_ms": float("nan"),
+        "p95_ms": float("nan"),
+        "p99_ms": float("nan"),
+        "mean_ms": 1000 * wall / calls,
+        "mean_batch": float(batch),
+        "cpu_ms_per_request": 1000 * cpu / (calls * batch),
+        "cpu_share": cpu / wall,
+    }
+
+
+COLUMNS = [  # (title, key, format)
+    ("mode", "mode", "<14"),
+    ("max batch", "max_batch_size", ">10"),
+    ("mean batch", "mean_batch", ">11.1f"),
+    ("images", "requests", ">8"),
+    ("failed", "failed", ">7"),
+    ("images/s", "throughput", ">10.1f"),
+    ("p50 ms", "p50_ms", ">8.1f"),
+    ("p95 ms", "p95_ms", ">8.1f"),
+    ("p99 ms", "p99_ms", ">8.1f"),
+    ("CPU ms/img", "cpu_ms_per_request", ">11.2f"),
+    ("CPU share", "cpu_share", ">10.2f"),
+]
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    widths = [int("".join(ch for ch in fmt.split(".")[0] if ch.isdigit())) for _, _, fmt in COLUMNS]
+    head = "".join(
+        f"{title:{'<' if i == 0 else '>'}{w}}"
+        for i, ((title, _, _), w) in enumerate(zip(COLUMNS, widths, strict=True))
+    )
+    lines = [head]
+    for r in rows:
+        lines.append("".join(f"{r[key]:{fmt}}" for _, key, fmt in COLUMNS))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--model-dir", type=Path, default=None, help="default: bundled model, else a stand-in"
+    )
+    p.add_argument(
+        "--stand-in", default="cnn", help="preset of the untrained stand-in (default cnn)"
+    )
+    p.add_argument("--clients", type=int, default=32)
+    p.add_argument("--duration", type=float, default=10.0, help="seconds per mode (≤ 120)")
+    p.add_argument("--max-requests", type=int, default=200_000, help="cap per mode")
+    p.add_argument("--k", type=int, default=10)
+    p.add_argument("--max-batch-size", type=int, default=64)
+    p.add_argument("--max-queue-delay-ms", type=float, default=5.0)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (server and engine)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = p.parse_args(argv)
+    if not 0 < args.duration <= MAX_DURATION_S or args.clients < 1 or args.max_requests < 1:
+        p.error(f"need 0 < --duration ≤ {MAX_DURATION_S}, --clients ≥ 1, --max-requests ≥ 1")
+
+    tmp = Path(tempfile.mkdtemp(prefix="bayesgate-bench-"))
+    try:
+        if args.model_dir is not None:
+            model_dir, model_note = args.model_dir, str(args.model_dir)
+        elif BUNDLED.is_dir():
+            model_dir, model_note = BUNDLED, "bundled default model"
+        else:
+            model_dir = stand_in_model(args.stand_in, tmp / "stand-in")
+            model_note = f"untrained {args.stand_in} stand-in, no bundled model yet"
+        card = json.loads((model_dir / "card.json").read_text())
+        bodies = [
+            json.dumps({"instances": [img.flatten().tolist()], "mc_samples": args.k}).encode()
+            for img in mnist_images(64)
+        ]
+        print(
+            f"model {card['name']} ({model_note}); K={args.k}; {args.clients} clients; "
+            f"{args.duration:g} s per mode; {args.threads} torch thread(s); 1 image per request; "
+            f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
+        batched = run_mode("batching", model_dir, bodies, args, args.max_batch_size)
+        single = run_mode("no batching", model_dir, bodies, args, 1)
+        observed = max(1, round(batched["mean_batch"]))
+        engine = engine_alone(model_dir, observed, args)
+        engine_1 = engine_alone(model_dir, 1, args)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    rows = [batched, single, engine, engine_1]
+    ratios = {
+        "batching_over_no_batching": batched["throughput"] / single["throughput"],
+        "engine_batch_over_engine_1": engine["throughput"] / engine_1["throughput"],
+        "service_over_engine": batched["throughput"] / engine["throughput"],
+    }
+    print(table(rows))
+    print(
+        f"batching / no batching throughput:      {ratios['batching_over_no_batching']:.2f}×"
+        "  (target ≥ 3)\n"
+        f"engine B={observed} / engine B=1 (ceiling):   "
+        f"{ratios['engine_batch_over_engine_1']:.2f}×\n"
+        f"service / engine alone at B={observed}:       {ratios['service_over_engine']:.2f}"
+        "   (target ≥ 0.5)"
+    )
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "model": card["name"],
+                    "model_note": model_note,
+                    "args": {k: str(v) for k, v in vars(args).items()},
+                    "rows": rows,
+                    **ratios,
+                },
+                indent=2,
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+"""BayesGate prediction service: MNIST predictions with MC-dropout uncertainty over HTTP.
+
+Layout (data flows one way, top to bottom):
+
+- :mod:`service.settings` — one pydantic-settings object (environment prefix ``BAYESGATE_``);
+- :mod:`service.errors` — domain exceptions and their single mapping to HTTP statuses;
+- :mod:`service.loading` — model + calibration from the store, the served model's summary;
+- :mod:`service.inputs` — request payload → validated ``B×C×H×W`` tensor (never reaches the
+  model unvalidated);
+- :mod:`service.predictor` — the MC engine call and the per-instance uncertainty summary;
+- :mod:`service.worker` — the inference thread: bounded queue, dynamic micro-batching;
+- :mod:`service.routes` — ``/v1`` predict and model routes, health and readiness;
+- :mod:`service.app` — the app factory and its lifespan; :mod:`service.cli` — ``bayesgate serve``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["Settings", "create_app"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy, so that `import service.cli` (done by every `bayesgate` command) stays cheap.
+    if name == "create_app":
+        from service.app import create_app
+
+        return create_app
+    if name == "Settings":
+        from service.settings import Settings
+
+        return Settings
+    raise AttributeError(f"module 'service' has no attribute {name!r}")

@@ -1,0 +1,43 @@
+"""Typed dependencies: the settings, the served model and its worker (from ``app.state``).
+
+They are ``async def`` on purpose: FastAPI runs plain ``def`` dependencies in its thread pool,
+which costs a thread hand-off per dependency per request.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from service.errors import NotReady
+from service.loading import ServingModel
+from service.settings import Settings
+from service.worker import BatchWorker
+
+
+async def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+async def get_serving(request: Request) -> ServingModel:
+    if not getattr(request.app.state, "ready", False):
+        raise NotReady("the model is not loaded and warmed up yet; retry shortly")
+    return request.app.state.serving
+
+
+async def get_worker(request: Request) -> BatchWorker:
+    await get_serving(request)
+    return request.app.state.worker
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+ServingDep = Annotated[ServingModel, Depends(get_serving)]
+WorkerDep = Annotated[BatchWorker, Depends(get_worker)]
+
+
+def default_mc_samples(settings: Settings, serving: ServingModel) -> int:
+    """K when a request gives none: the setting, else the calibration's K (capped at the max)."""
+    if settings.default_mc_samples is not None:
+        return settings.default_mc_samples
+    return min(serving.calibration.k, settings.max_mc_samples)

@@ -1,0 +1,160 @@
+"""Domain exceptions of the service and their mapping to HTTP — the only place statuses are set.
+
+Routes, input decoding and the worker raise these; :func:`install_error_handlers` turns each into
+a JSON body ``{"error": message, "detail": message, "code": code}`` with the status in
+:data:`HTTP_STATUS` (``error`` as in the Open Inference Protocol, ``detail`` as in FastAPI).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("bayesgate.service")
+
+
+class ServiceError(Exception):
+    """Base of every error the service reports to a client; ``code`` is a stable identifier."""
+
+    code = "service_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidInput(ServiceError):
+    """The request body is well-formed JSON/multipart but a field is wrong (names the field)."""
+
+    code = "invalid_input"
+
+
+class TooManyInstances(InvalidInput):
+    """More images in one request than ``max_instances``."""
+
+    code = "too_many_instances"
+
+
+class PayloadTooLarge(ServiceError):
+    """The request body exceeds ``max_body_bytes``."""
+
+    code = "payload_too_large"
+
+
+class UnsupportedMediaType(ServiceError):
+    """The request's Content-Type is not the one the route reads."""
+
+    code = "unsupported_media_type"
+
+
+class ModelNotFound(ServiceError):
+    """``/v1/models/{name}`` names a model this server does not serve."""
+
+    code = "model_not_found"
+
+
+class NotReady(ServiceError):
+    """The model is not loaded and warmed up yet (or the server is shutting down)."""
+
+    code = "not_ready"
+
+
+class QueueFull(ServiceError):
+    """The worker's bounded queue is full: back off and retry."""
+
+    code = "queue_full"
+    retry_after_s = 1
+
+
+class DeadlineExceeded(ServiceError):
+    """The request was not answered within ``request_timeout_s``."""
+
+    code = "deadline_exceeded"
+
+
+class InferenceFailed(ServiceError):
+    """The engine raised while running the batch holding this request."""
+
+    code = "inference_failed"
+
+
+class StartupError(Exception):
+    """The model or its calibration cannot be served; the message names the file and problem."""
+
+
+# The single exception → status table. Subclasses come first: lookup walks the MRO.
+HTTP_STATUS: dict[type[ServiceError], int] = {
+    TooManyInstances: 413,
+    InvalidInput: 422,
+    PayloadTooLarge: 413,
+    UnsupportedMediaType: 415,
+    ModelNotFound: 404,
+    NotReady: 503,
+    QueueFull: 503,
+    DeadlineExceeded: 504,
+    InferenceFailed: 500,
+    ServiceError: 500,
+}
+
+
+def status_of(exc: ServiceError) -> int:
+    """HTTP status of a domain error (the first class of its MRO found in :data:`HTTP_STATUS`)."""
+    for cls in type(exc).__mro__:
+        if cls in HTTP_STATUS:
+            return HTTP_STATUS[cls]
+    return 500
+
+
+def error_body(message: str, code: str, **extra: Any) -> dict[str, Any]:
+    return {"error": message, "detail": message, "code": code, **extra}
+
+
+def error_response(exc: ServiceError) -> JSONResponse:
+    """The HTTP response of a domain error (also used by the body-size middleware)."""
+    status = status_of(exc)
+    headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, QueueFull) else None
+    if status >= 500:
+        log.warning("%s %d: %s", exc.code, status, exc.message)
+    return JSONResponse(error_body(exc.message, exc.code), status_code=status, headers=headers)
+
+
+def _location(loc: tuple[Any, ...]) -> str:
+    """``("body", "instances", 0)`` → ``instances[0]``."""
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "form")]
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if p.isdigit() else (f".{p}" if out else p)
+    return out or "body"
+
+
+def describe_validation_errors(errors: list[Any], limit: int = 5) -> str:
+    """pydantic/FastAPI error list → ``"instances[0]: Input should be …; seed: …"``."""
+    parts = [f"{_location(tuple(e.get('loc', ())))}: {e.get('msg', 'invalid')}" for e in errors]
+    more = f" (and {len(parts) - limit} more)" if len(parts) > limit else ""
+    return "; ".join(parts[:limit]) + more
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Map domain errors, FastAPI's own validation errors and HTTP errors to JSON bodies."""
+
+    @app.exception_handler(ServiceError)
+    async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message = describe_validation_errors(list(exc.errors()))
+        return JSONResponse(error_body(message, InvalidInput.code), status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(
+            error_body(str(exc.detail), "http_error"),
+            status_code=exc.status_code,
+            headers=getattr(exc, "headers", None),
+        )

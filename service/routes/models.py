@@ -1,0 +1,41 @@
+"""``GET /v1/models``, ``GET /v1/models/{name}`` and ``GET /v1/stats``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from service.deps import ServingDep, SettingsDep, WorkerDep
+from service.errors import ModelNotFound
+from service.schemas import ModelList
+
+router = APIRouter(tags=["models"])
+
+
+@router.get("/models", response_model=ModelList)
+async def list_models(serving: ServingDep) -> dict[str, Any]:
+    """The served model(s): card and calibration summary (threshold, target FPR, AUROCs)."""
+    return {"models": [serving.summary()]}
+
+
+@router.get("/models/{name}", responses={404: {"description": "no such model"}})
+async def get_model(name: str, serving: ServingDep) -> dict[str, Any]:
+    """One model's card and calibration summary."""
+    if name != serving.name:
+        raise ModelNotFound(
+            f"model {name!r} is not served here; this server serves {serving.name!r}"
+        )
+    return serving.summary()
+
+
+@router.get("/stats")
+async def stats(worker: WorkerDep, settings: SettingsDep) -> dict[str, Any]:
+    """Worker statistics: requests, engine calls, observed batch sizes, queue depth and time."""
+    return {
+        **worker.stats.snapshot(),
+        "queue_depth": worker.queue_depth(),
+        "max_batch_size": settings.max_batch_size,
+        "max_queue_delay_ms": settings.max_queue_delay_ms,
+        "queue_capacity": settings.queue_capacity,
+    }

@@ -1,0 +1,168 @@
+"""``POST /v1/predict`` (JSON) and ``POST /v1/predict/file`` (multipart upload of one PNG).
+
+Both decode and validate the input first (:mod:`service.inputs`), then hand one job to the
+worker and await its answer; nothing here touches the model.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.datastructures import UploadFile
+
+from service.deps import ServingDep, SettingsDep, WorkerDep, default_mc_samples
+from service.errors import InvalidInput, UnsupportedMediaType, describe_validation_errors
+from service.inputs import decode_images, decode_instances, decode_png
+from service.loading import ServingModel
+from service.schemas import MAX_SEED, PredictRequest, PredictResponse
+from service.settings import Settings
+
+router = APIRouter(tags=["predict"])
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    413: {"description": "body or instance count too large"},
+    415: {"description": "wrong Content-Type"},
+    422: {"description": "invalid input (the message names the field)"},
+    503: {"description": "queue full (Retry-After) or not ready"},
+    504: {"description": "request timeout"},
+}
+
+
+class FileOptions(BaseModel):
+    """Form fields of ``/v1/predict/file`` besides ``file``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mc_samples: int | None = None
+    return_samples: bool = False
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
+
+
+def _require_media_type(request: Request, expected: str) -> None:
+    got = request.headers.get("content-type", "")
+    if got.split(";")[0].strip().lower() != expected:
+        raise UnsupportedMediaType(
+            f"Content-Type must be {expected}, got {got or 'none'}"
+            + (" (use /v1/predict/file for uploads)" if expected == "application/json" else "")
+        )
+
+
+def _resolve_k(requested: int | None, settings: Settings, serving: ServingModel) -> int:
+    k = default_mc_samples(settings, serving) if requested is None else requested
+    if not 1 <= k <= settings.max_mc_samples:
+        raise InvalidInput(
+            f"mc_samples: expected an integer in 1 … {settings.max_mc_samples}, got {k}"
+        )
+    return k
+
+
+async def _answer(
+    x: torch.Tensor,
+    k: int,
+    seed: int | None,
+    return_samples: bool,
+    worker: WorkerDep,
+    serving: ServingModel,
+    settings: Settings,
+) -> dict[str, Any]:
+    predictions = await worker.predict(
+        x, k, seed=seed, return_samples=return_samples, timeout_s=settings.request_timeout_s
+    )
+    return {
+        "model": {"name": serving.name, "weights_sha256": serving.sha256},
+        "mc_samples": k,
+        "calibration_mc_samples": serving.calibration.k,
+        "seed": seed,
+        "predictions": predictions,
+    }
+
+
+@router.post(
+    "/predict",
+    response_model=PredictResponse,
+    responses=_ERRORS,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": PredictRequest.model_json_schema()}},
+        }
+    },
+)
+async def predict(
+    request: Request, settings: SettingsDep, serving: ServingDep, worker: WorkerDep
+) -> dict[str, Any]:
+    """Label, probabilities, uncertainty and adversarial flag for each image of the body."""
+    _require_media_type(request, "application/json")
+    body = await request.body()
+    try:
+        payload = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"body: not valid JSON ({exc})") from None
+    if not isinstance(payload, dict):
+        raise InvalidInput("body: expected a JSON object with 'instances' or 'images'")
+    try:
+        req = PredictRequest.model_validate(payload)
+    except ValidationError as exc:
+        raise InvalidInput(describe_validation_errors(exc.errors())) from None
+    if (req.instances is None) == (req.images is None):
+        raise InvalidInput(
+            "body: give exactly one of 'instances' (arrays) or 'images' (base64 PNG)"
+        )
+    k = _resolve_k(req.mc_samples, settings, serving)
+    if req.instances is not None:
+        x = decode_instances(
+            req.instances, serving.input_shape, serving.input_range, settings.max_instances
+        )
+    else:
+        x = decode_images(req.images or [], serving.input_shape, settings.max_instances)
+    return await _answer(x, k, req.seed, req.return_samples, worker, serving, settings)
+
+
+@router.post(
+    "/predict/file",
+    response_model=PredictResponse,
+    responses=_ERRORS,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "multipart/form-data": {
+                    "schema": {
+                        "type": "object",
+                        "required": ["file"],
+                        "properties": {
+                            "file": {"type": "string", "format": "binary"},
+                            "mc_samples": {"type": "integer"},
+                            "return_samples": {"type": "boolean"},
+                            "seed": {"type": "integer"},
+                        },
+                    }
+                }
+            },
+        }
+    },
+)
+async def predict_file(
+    request: Request, settings: SettingsDep, serving: ServingDep, worker: WorkerDep
+) -> dict[str, Any]:
+    """Multipart upload of one PNG (field ``file``); options as form fields."""
+    _require_media_type(request, "multipart/form-data")
+    async with request.form(max_files=1, max_fields=8) as form:
+        upload = form.get("file")
+        if not isinstance(upload, UploadFile):
+            raise InvalidInput("file: expected one uploaded PNG file in the form field 'file'")
+        options = {key: value for key, value in form.items() if key != "file"}
+        try:
+            opts = FileOptions.model_validate(options)
+        except ValidationError as exc:
+            raise InvalidInput(describe_validation_errors(exc.errors())) from None
+        data = await upload.read()
+    if not data:
+        raise InvalidInput("file: the uploaded file is empty")
+    k = _resolve_k(opts.mc_samples, settings, serving)
+    x = torch.from_numpy(decode_png(data, "file", serving.input_shape)).unsqueeze(0)
+    return await _answer(x, k, opts.seed, opts.return_samples, worker, serving, settings)

@@ -1,0 +1,61 @@
+"""Request and response bodies of the ``/v1`` API (pydantic)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_SEED = 2**63 - 1
+
+
+class PredictRequest(BaseModel):
+    """``POST /v1/predict``: exactly one of ``instances`` or ``images``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    instances: list[Any] | None = Field(
+        None,
+        description="images as nested lists (1×28×28 or 28×28) or flat 784 lists, values in [0,1]",
+    )
+    images: list[Any] | None = Field(
+        None, description="base64-encoded PNG files, 8-bit grayscale 28×28 (scaled by /255)"
+    )
+    mc_samples: int | None = Field(
+        None, description="MC dropout passes K (1 … max_mc_samples; default: the server's)"
+    )
+    return_samples: bool = Field(False, description="also return the K×C sampled probabilities")
+    seed: int | None = Field(
+        None, ge=0, le=MAX_SEED, description="seed of the dropout masks: same input+seed+K → same"
+    )
+
+
+class ModelRef(BaseModel):
+    name: str
+    weights_sha256: str
+
+
+class InstancePrediction(BaseModel):
+    label: int = Field(description="class index argmax_c p̄_c")
+    class_name: str
+    probabilities: list[float] = Field(description="MC predictive mean p̄ = (1/K) Σ_k p_k")
+    predictive_entropy: float = Field(description="H[p̄] = −Σ_c p̄_c log p̄_c (nats)")
+    mutual_information: float = Field(description="H[p̄] − (1/K) Σ_k H[p_k] (nats)")
+    variation_ratio: float = Field(description="1 − f_mode/K")
+    score_name: str = Field(description="the calibrated score used for the flag")
+    score: float
+    threshold: float
+    adversarial: bool = Field(description="score > threshold")
+    samples: list[list[float]] | None = Field(None, description="K×C probabilities if asked")
+
+
+class PredictResponse(BaseModel):
+    model: ModelRef
+    mc_samples: int
+    calibration_mc_samples: int = Field(description="K the threshold was calibrated with")
+    seed: int | None = None
+    predictions: list[InstancePrediction]
+
+
+class ModelList(BaseModel):
+    models: list[dict[str, Any]]

@@ -1,0 +1,70 @@
+"""Service settings, read from the environment (prefix ``BAYESGATE_``) by pydantic-settings.
+
+Example: ``BAYESGATE_MODEL_DIR=runs/cnn BAYESGATE_MAX_BATCH_SIZE=32 bayesgate serve``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+import models
+
+ENV_PREFIX = "BAYESGATE_"
+DEFAULT_MODEL_DIR = Path(models.__file__).parent / "pretrained" / "bayesgate-default"
+
+LogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
+
+
+class Settings(BaseSettings):
+    """Everything an operator can tune; each field is the env var ``BAYESGATE_<FIELD>``."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, case_sensitive=False, extra="ignore", frozen=True
+    )
+
+    model_dir: Path = Field(
+        DEFAULT_MODEL_DIR, description="model directory (model.safetensors, card.json, calibration)"
+    )
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto/cpu/cuda")
+    default_mc_samples: int | None = Field(
+        None, ge=1, description="K when a request gives none; unset = the calibration's K"
+    )
+    max_mc_samples: int = Field(100, ge=1, description="largest K a request may ask for")
+    max_instances: int = Field(256, ge=1, description="most images in one request")
+    max_batch_size: int = Field(
+        64, ge=1, description="most instances merged into one engine call (1 = no batching)"
+    )
+    max_queue_delay_ms: float = Field(
+        5.0, ge=0, description="longest wait for more requests before a batch runs"
+    )
+    queue_capacity: int = Field(256, ge=1, description="requests waiting before 503 Retry-After")
+    request_timeout_s: float = Field(30.0, gt=0, description="deadline per request before 504")
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="largest request body")
+    num_threads: int = Field(0, ge=0, description="torch CPU threads; 0 = torch's default")
+    log_level: LogLevel = "info"
+    docs: bool = Field(True, description="serve /docs, /redoc and /openapi.json")
+    host: str = Field("127.0.0.1", description="`bayesgate serve` bind address")
+    port: int = Field(8000, ge=0, le=65535, description="`bayesgate serve` port")
+    workers: int = Field(1, ge=1, description="`bayesgate serve` worker processes")
+
+    @model_validator(mode="after")
+    def _check_k(self) -> Settings:
+        if self.default_mc_samples is not None and self.default_mc_samples > self.max_mc_samples:
+            raise ValueError(
+                f"default_mc_samples ({self.default_mc_samples}) exceeds max_mc_samples "
+                f"({self.max_mc_samples})"
+            )
+        return self
+
+    @property
+    def max_queue_delay_s(self) -> float:
+        return self.max_queue_delay_ms / 1000.0
+
+
+def settings_from_env(**overrides: object) -> Settings:
+    """Settings from the environment, with ``overrides`` taking precedence (CLI flags)."""
+    return Settings(**{k: v for k, v in overrides.items() if v is not None})

@@ -1,0 +1,200 @@
+"""The batching worker: concurrent requests share engine calls and get their own rows back; a
+failing engine call fails only its requests; a full queue is 503, a missed deadline 504."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from models.store import load_model
+from service.errors import NotReady
+from service.loading import load_serving_model
+from service.predictor import Engine, mc_engine
+from service.settings import Settings
+from service.worker import BatchWorker
+
+pytestmark = pytest.mark.anyio
+
+
+def encoding_engine(calls: list[int]) -> Engine:
+    """Fake engine: instance b answers class ``round(9·x_b[0])`` with certainty in all K passes;
+    records the batch size of every call."""
+
+    def run(_: nn.Module, x: torch.Tensor, k: int, __: torch.Generator | None) -> torch.Tensor:
+        calls.append(x.shape[0])
+        label = (x.flatten(1)[:, 0] * 9).round().long()
+        probs = torch.nn.functional.one_hot(label, 10).float()
+        return probs.unsqueeze(1).expand(-1, k, -1).contiguous()
+
+    return run
+
+
+def image_with_code(code: int) -> list[float]:
+    return [code / 9] + [0.0] * 783
+
+
+async def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+async def test_concurrent_requests_share_an_engine_call_and_get_their_own_rows(
+    serving: Callable[[Settings], Any],
+    make_settings: Callable[..., Settings],
+    slowed: Callable[..., Engine],
+) -> None:
+    calls: list[int] = []
+    async with serving(make_settings(max_batch_size=32, max_queue_delay_ms=5.0)) as (app, c):
+        app.state.worker.engine = slowed(encoding_engine(calls), 0.3)
+        first = asyncio.create_task(c.post("/v1/predict", json={"instances": [image_with_code(9)]}))
+        await wait_for(lambda: app.state.worker.queue_depth() == 0 and calls == [1])
+        # While the worker is busy, 8 requests of 1–3 images each pile up in the queue.
+        sizes = [1, 2, 3, 1, 2, 3, 1, 2]
+        bodies = [
+            {"instances": [image_with_code((i + j) % 10) for j in range(n)], "mc_samples": 4}
+            for i, n in enumerate(sizes)
+        ]
+        answers = await asyncio.gather(*(c.post("/v1/predict", json=b) for b in bodies))
+        await first
+        stats = (await c.get("/v1/stats")).json()
+    for i, (n, answer) in enumerate(zip(sizes, answers, strict=True)):
+        assert answer.status_code == 200
+        labels = [p["label"] for p in answer.json()["predictions"]]
+        assert labels == [(i + j) % 10 for j in range(n)]
+        assert all(p["mutual_information"] == 0 for p in answer.json()["predictions"])
+    # Everything queued behind the slow call ran as one engine call of 15 instances.
+    assert calls == [1, sum(sizes)]
+    assert stats["batch_size_max"] == 15 and stats["recent_batch_sizes"] == [1, 15]
+    assert stats["requests_per_batch_mean"] == pytest.approx((1 + 8) / 2)
+    assert stats["requests_succeeded"] == 9 and stats["instances"] == 16
+
+
+async def test_batches_respect_max_batch_size_and_never_split_a_request(
+    tiny_model_dir: Any, slowed: Callable[..., Engine]
+) -> None:
+    calls: list[int] = []
+    worker = BatchWorker(
+        load_serving_model(tiny_model_dir, "cpu"), max_batch_size=5, max_queue_delay_s=0.05
+    )
+    worker.engine = slowed(encoding_engine(calls), 0.2)
+    worker.start()
+    try:
+        blocker = asyncio.create_task(worker.predict(torch.zeros(1, 1, 28, 28), 2))
+        await wait_for(lambda: calls == [1])
+        sizes = [2, 2, 2, 7, 1]
+        jobs = [worker.predict(torch.zeros(n, 1, 28, 28), 2) for n in sizes]
+        results = await asyncio.gather(blocker, *jobs)
+    finally:
+        worker.stop()
+    assert [len(r) for r in results] == [1, *sizes]
+    # FIFO gathering: [2,2] (next 2 would exceed 5), [2] (the 7 does not fit), [7] alone, [1].
+    assert calls == [1, 4, 2, 7, 1]
+
+
+async def test_failing_engine_call_fails_only_its_requests_and_the_worker_survives(
+    serving: Callable[[Settings], Any], make_settings: Callable[..., Settings]
+) -> None:
+    body = {"instances": [[0.3] * 784]}
+    async with serving(make_settings(max_queue_delay_ms=50.0)) as (app, client):
+        failures = {"left": 1}
+
+        def flaky(net: nn.Module, x: torch.Tensor, k: int, g: torch.Generator | None):
+            if k == 3 and failures["left"]:
+                failures["left"] -= 1
+                raise RuntimeError("injected engine failure")
+            return mc_engine(net, x, k, g)
+
+        app.state.worker.engine = flaky
+        # Same batch (50 ms gathering window), two engine calls: K=3 fails, K=5 succeeds.
+        bad, good = await asyncio.gather(
+            client.post("/v1/predict", json={**body, "mc_samples": 3}),
+            client.post("/v1/predict", json={**body, "mc_samples": 5}),
+        )
+        after = await client.post("/v1/predict", json={**body, "mc_samples": 3})
+        stats = (await client.get("/v1/stats")).json()
+    assert bad.status_code == 500
+    assert bad.json()["error"] == "inference failed: RuntimeError: injected engine failure"
+    assert bad.json()["code"] == "inference_failed"
+    assert good.status_code == 200 and after.status_code == 200
+    assert after.json()["mc_samples"] == 3
+    assert stats["requests_failed"] == 1 and stats["requests_succeeded"] == 2
+
+
+async def test_full_queue_is_503_with_retry_after(
+    serving: Callable[[Settings], Any],
+    make_settings: Callable[..., Settings],
+    slowed: Callable[..., Engine],
+) -> None:
+    settings = make_settings(queue_capacity=1, max_batch_size=1, max_queue_delay_ms=0.0)
+    async with serving(settings) as (app, client):
+        app.state.worker.engine = slowed(mc_engine, 0.3)
+        body = {"instances": [[0.3] * 784]}
+        first = asyncio.create_task(client.post("/v1/predict", json=body))
+        await wait_for(lambda: app.state.worker.queue_depth() == 0 and not first.done())
+        await asyncio.sleep(0.05)  # the worker is inside the slow call
+        queued = asyncio.create_task(client.post("/v1/predict", json=body))
+        await wait_for(lambda: app.state.worker.queue_depth() == 1)
+        rejected = await asyncio.gather(*(client.post("/v1/predict", json=body) for _ in range(3)))
+        served = await asyncio.gather(first, queued)
+        stats = (await client.get("/v1/stats")).json()
+    for r in rejected:
+        assert r.status_code == 503
+        assert r.headers["retry-after"] == "1"
+        assert "queue is full (1 requests waiting)" in r.json()["error"]
+    assert [r.status_code for r in served] == [200, 200]
+    assert stats["requests_rejected"] == 3
+
+
+async def test_missed_deadline_is_504_and_expired_jobs_never_reach_the_engine(
+    serving: Callable[[Settings], Any],
+    make_settings: Callable[..., Settings],
+    slowed: Callable[..., Engine],
+) -> None:
+    settings = make_settings(request_timeout_s=0.2, max_batch_size=1, max_queue_delay_ms=0.0)
+    async with serving(settings) as (app, client):
+        calls: list[int] = []
+        app.state.worker.engine = slowed(encoding_engine(calls), 0.6)
+        body = {"instances": [image_with_code(4)]}
+        late, expired = await asyncio.gather(
+            client.post("/v1/predict", json=body), client.post("/v1/predict", json=body)
+        )
+        await wait_for(lambda: app.state.worker.stats.snapshot()["requests_expired"] == 1)
+        after = await client.post("/v1/predict", json=body)
+    for r in (late, expired):
+        assert r.status_code == 504
+        assert "within the request timeout of 0.2 s" in r.json()["error"]
+    assert after.status_code == 200 and after.json()["predictions"][0]["label"] == 4
+    assert calls == [1, 1]  # the slow call and `after`; the expired job was dropped
+
+
+async def test_worker_refuses_work_when_not_running(tiny_model_dir: Any) -> None:
+    worker = BatchWorker(load_serving_model(tiny_model_dir, "cpu"))
+    with pytest.raises(NotReady, match="not running"):
+        await worker.predict(torch.zeros(1, 1, 28, 28), 2)
+    worker.start()
+    assert len(await worker.predict(torch.zeros(2, 1, 28, 28), 2)) == 2
+    worker.stop()
+    with pytest.raises(NotReady):
+        await worker.predict(torch.zeros(1, 1, 28, 28), 2)
+
+
+async def test_worker_answers_match_the_engine_on_the_loaded_network(tiny_model_dir: Any) -> None:
+    """Seeded worker output equals ``mc_predict`` on an independently loaded copy."""
+    worker = BatchWorker(load_serving_model(tiny_model_dir, "cpu"))
+    worker.start()
+    x = torch.rand(3, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+    try:
+        rows = await worker.predict(x, 6, seed=5, return_samples=True)
+    finally:
+        worker.stop()
+    net = load_model(tiny_model_dir).network
+    expected = mc_engine(net, x, 6, torch.Generator().manual_seed(5))
+    assert torch.equal(torch.tensor([r["samples"] for r in rows]), expected)
