@@ -1,0 +1,181 @@
+"""docker-compose.yml checked without a Docker engine: the Compose specification schema
+(check-jsonschema), the GPU reservation and CPU profile, environment, volumes, health check."""
+
+from __future__ import annotations
+
+import copy
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from deploy_files import COMPOSE_FILE, REPO_ROOT, Dockerfile, compose_environment, interpolate
+
+from service.settings import Settings
+
+SCHEMA_ARGS = ["--builtin-schema", "vendor.compose-spec"]
+
+# Settings the compose file deliberately sets to other values than the service's defaults.
+DEPLOYMENT_SPECIFIC = {"host", "port", "model_dir", "device"}
+
+
+def _validate(check_jsonschema: str, path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [check_jsonschema, *SCHEMA_ARGS, str(path)], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_compose_file_follows_the_compose_specification(check_jsonschema: str) -> None:
+    result = _validate(check_jsonschema, COMPOSE_FILE)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("edit", "reported"),
+    [
+        ({"restart_policy": "always"}, "restart_policy"),  # a misspelt key
+        ({"ports": {"8000": 8000}}, "ports"),  # a map where the spec wants a list
+    ],
+)
+def test_schema_check_rejects_an_invalid_compose_file(
+    check_jsonschema: str,
+    compose: dict[str, Any],
+    tmp_path: Path,
+    edit: dict[str, Any],
+    reported: str,
+) -> None:
+    """The check really validates; the unbroken data passes after the same YAML round trip."""
+    good = tmp_path / "good.yml"
+    good.write_text(yaml.safe_dump(compose))
+    assert _validate(check_jsonschema, good).returncode == 0
+    broken = copy.deepcopy(compose)
+    broken["services"]["bayesgate"].update(edit)
+    bad = tmp_path / "bad.yml"
+    bad.write_text(yaml.safe_dump(broken))
+    result = _validate(check_jsonschema, bad)
+    assert result.returncode == 1, result.stdout
+    assert reported in result.stdout, result.stdout
+
+
+def test_interpolation_follows_compose_rules() -> None:
+    env = {"SET": "x", "EMPTY": ""}
+    assert interpolate("${SET}-$SET-${UNSET}", env) == "x-x-"
+    assert interpolate("${UNSET:-d} ${EMPTY:-d} ${EMPTY-d} ${SET:-d}", env) == "d d  x"
+    assert interpolate("${SET:+alt}|${EMPTY:+alt}|${EMPTY+alt}", env) == "alt||alt"
+    assert interpolate("$${SET} costs $$5", env) == "${SET} costs $5"
+    with pytest.raises(ValueError, match="UNSET"):
+        interpolate("${UNSET:?set it}", env)
+    with pytest.raises(ValueError, match="invalid interpolation"):
+        interpolate("${1BAD}", env)
+
+
+def test_environment_value_without_a_value_passes_through_or_is_unset() -> None:
+    service = {"environment": {"A": "${B:-1}", "PASS": None, "FLAG": True}}
+    assert compose_environment(service, {}) == {"A": "1", "FLAG": "true"}
+    assert compose_environment(service, {"PASS": "7", "B": "2"}) == {
+        "A": "2",
+        "PASS": "7",
+        "FLAG": "true",
+    }
+    assert compose_environment({"environment": ["X=1", "PASS"]}, {}) == {"X": "1"}
+
+
+def test_gpu_service_reserves_one_nvidia_gpu(compose: dict[str, Any]) -> None:
+    gpu = compose["services"]["bayesgate"]
+    assert "profiles" not in gpu, "the GPU service is the default one"
+    devices = gpu["deploy"]["resources"]["reservations"]["devices"]
+    assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
+    assert gpu["build"]["args"]["VARIANT"] == "gpu"
+    assert compose_environment(gpu, {})["BAYESGATE_DEVICE"] == "cuda"
+
+
+def test_cpu_service_is_profile_gated_and_reserves_no_gpu(compose: dict[str, Any]) -> None:
+    cpu = compose["services"]["bayesgate-cpu"]
+    assert cpu["profiles"] == ["cpu"]
+    assert "deploy" not in cpu
+    assert cpu["build"]["args"]["VARIANT"] == "cpu"
+    assert compose_environment(cpu, {})["BAYESGATE_DEVICE"] == "cpu"
+    # Apart from the device (and the CPU thread count), both services serve the same way.
+    gpu_env = compose_environment(compose["services"]["bayesgate"], {})
+    cpu_env = compose_environment(cpu, {})
+    differing = {k for k in gpu_env.keys() | cpu_env.keys() if gpu_env.get(k) != cpu_env.get(k)}
+    assert differing == {"BAYESGATE_DEVICE", "BAYESGATE_NUM_THREADS"}
+
+
+def test_optional_services_are_profile_gated(compose: dict[str, Any]) -> None:
+    """Only the GPU service starts on a plain `docker compose up`."""
+    unprofiled = [name for name, s in compose["services"].items() if not s.get("profiles")]
+    assert unprofiled == ["bayesgate"]
+    assert compose["services"]["prometheus"]["profiles"] == ["monitoring"]
+    assert compose["services"]["nginx"]["profiles"] == ["lb"]
+
+
+@pytest.mark.parametrize("name", ["bayesgate", "bayesgate-cpu"])
+def test_service_environment_names_real_settings_with_their_defaults(
+    compose: dict[str, Any], name: str
+) -> None:
+    """Every BAYESGATE_* variable is a setting (a typo would be silently ignored by the service),
+    and the defaults written in the compose file are the service's own, but for the deployment
+    ones (listen address, port, model directory, device)."""
+    env = compose_environment(compose["services"][name], {})
+    fields = Settings.model_fields
+    for key in compose["services"][name]["environment"]:  # including pass-through ones
+        assert key.removeprefix("BAYESGATE_").lower() in fields, f"{key} is not a setting"
+    for key, value in env.items():
+        assert key.startswith("BAYESGATE_"), key
+        field = key.removeprefix("BAYESGATE_").lower()
+        assert field in fields, f"{key} is not a setting of service.settings.Settings"
+        if field in DEPLOYMENT_SPECIFIC:
+            continue
+        parsed = getattr(Settings(**{field: value}), field)
+        assert parsed == fields[field].default, f"{key}={value!r} differs from the default"
+    container = Settings(**{k.removeprefix("BAYESGATE_").lower(): v for k, v in env.items()})
+    assert container.host == "0.0.0.0"
+    assert str(container.model_dir) == "/opt/bayesgate/default-model"
+
+
+@pytest.mark.parametrize("name", ["bayesgate", "bayesgate-cpu"])
+def test_service_ports_volume_healthcheck_and_restart(
+    compose: dict[str, Any], dockerfile: Dockerfile, name: str
+) -> None:
+    service = compose["services"][name]
+    env = compose_environment(service, {})
+    (port,) = service["ports"]
+    host_port, container_port = interpolate(port, {}).rsplit(":", 1)
+    assert container_port == env["BAYESGATE_PORT"] == dockerfile.env()["BAYESGATE_PORT"]
+    assert re.fullmatch(r"\d+(-\d+)?", host_port)
+    assert interpolate(port, {"BAYESGATE_HOST_PORT": "8000-8003"}) == "8000-8003:8000"
+
+    (volume,) = service["volumes"]
+    assert volume["type"] == "bind" and volume["read_only"] is True
+    assert volume["target"] == "/models"
+    assert (REPO_ROOT / interpolate(volume["source"], {})).is_dir()
+
+    health = service["healthcheck"]
+    _, command = dockerfile.healthcheck()
+    assert health["test"] == ["CMD", *command]
+    assert re.fullmatch(r"\d+s", health["start_period"])
+    assert int(health["start_period"][:-1]) >= 30
+    assert service["restart"] in {"always", "unless-stopped", "on-failure"}
+    assert service["networks"]["default"]["aliases"] == ["bayesgate-backend"]
+
+
+def test_load_balancer_and_prometheus_reach_every_replica(compose: dict[str, Any]) -> None:
+    """nginx and Prometheus address the replicas by the network alias on the container port."""
+    nginx_conf = (REPO_ROOT / "deploy" / "nginx.conf").read_text()
+    assert "resolver 127.0.0.11" in nginx_conf
+    assert re.search(r"set \$bayesgate http://bayesgate-backend:8000;", nginx_conf)
+    assert "proxy_pass $bayesgate;" in nginx_conf
+
+    prometheus = yaml.safe_load((REPO_ROOT / "deploy" / "prometheus.yml").read_text())
+    (job,) = prometheus["scrape_configs"]
+    assert job["metrics_path"] == "/metrics"
+    (sd,) = job["dns_sd_configs"]
+    assert sd == {**sd, "names": ["bayesgate-backend"], "type": "A", "port": 8000}
+    for service in ("nginx", "prometheus"):
+        for volume in compose["services"][service]["volumes"]:
+            if isinstance(volume, dict):
+                assert (REPO_ROOT / volume["source"]).is_file()
+                assert volume["read_only"] is True
