@@ -9,7 +9,14 @@ Layout (data flows one way, top to bottom):
   model unvalidated);
 - :mod:`service.predictor` — the MC engine call and the per-instance uncertainty summary;
 - :mod:`service.worker` — the inference thread: bounded queue, dynamic micro-batching;
-- :mod:`service.routes` — ``/v1`` predict and model routes, health and readiness;
+- :mod:`service.inference_protocol` — Open Inference Protocol (KServe v2) tensors in and out;
+- :mod:`service.control` — admin changes (reload, threshold/score override), shared by all worker
+  processes; :mod:`service.auth` — the API key of the admin routes;
+- :mod:`service.metrics` — Prometheus metrics (multiprocess-aware); :mod:`service.logs` — JSON
+  logs with request ids; :mod:`service.middleware` — request context, body limit;
+- :mod:`service.routes` — ``/v1`` predict and model routes, ``/v2`` (Open Inference Protocol),
+  health, readiness, ``/metrics`` and ``/admin``;
+- :mod:`service.shutdown` — SIGTERM: readiness off, drain, exit 0;
 - :mod:`service.app` — the app factory and its lifespan; :mod:`service.cli` — ``bayesgate serve``.
 """
 

@@ -1,4 +1,8 @@
-"""The FastAPI app factory and its lifespan (load → warm up → ready → serve → stop worker).
+"""The FastAPI app factory and its lifespan.
+
+Lifespan: load the model (store, sha256-checked) → start the inference thread → warm-up batch →
+ready (metrics on, SIGTERM drain handler installed, admin watcher started when several processes
+share a runtime directory) → serve → not ready → stop the worker.
 
 ``create_app()`` with no argument reads :class:`~service.settings.Settings` from the
 environment; this is what ``bayesgate serve`` hands to uvicorn (``factory=True``), so every
@@ -8,6 +12,7 @@ uvicorn worker process builds its own app, model and inference thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -15,12 +20,21 @@ from contextlib import asynccontextmanager
 import torch
 from fastapi import FastAPI
 
+from service.auth import key_digest
+from service.control import ModelControl
 from service.deps import default_mc_samples
 from service.errors import ServiceError, StartupError, install_error_handlers
 from service.loading import ServingModel, load_serving_model
-from service.middleware import BodyLimitMiddleware, StartupMessageMiddleware
-from service.routes import api_router
+from service.logs import configure_logging
+from service.metrics import Metrics
+from service.middleware import (
+    BodyLimitMiddleware,
+    RequestContextMiddleware,
+    StartupMessageMiddleware,
+)
+from service.routes import api_router, route_templates
 from service.settings import Settings
+from service.shutdown import install_drain_handler
 from service.worker import BatchWorker, WorkerStats
 
 log = logging.getLogger("bayesgate.service")
@@ -36,20 +50,27 @@ async def warm_up(worker: BatchWorker, serving: ServingModel, k: int, batch: int
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
-    """Build the app; the model is loaded by the lifespan, not here."""
+    """Build the app; the model is loaded by the lifespan, not here.
+
+    Raises ``ValueError`` for an unreadable ``api_key_file`` and ``RuntimeError`` for a
+    misconfigured ``PROMETHEUS_MULTIPROC_DIR`` (``bayesgate serve`` checks both first).
+    """
     settings = settings if settings is not None else Settings()
-    _configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
+    metrics = Metrics()
+    admin_key = settings.admin_key()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.ready = False
-        app.state.startup_error = None
+        state = app.state
+        state.ready, state.draining, state.startup_error = False, False, None
+        metrics.set_ready(False)
         try:
             serving = await asyncio.to_thread(
                 load_serving_model, settings.model_dir, settings.device
             )
         except StartupError as exc:
-            app.state.startup_error = str(exc)
+            state.startup_error = str(exc)
             raise
         if settings.num_threads:
             torch.set_num_threads(settings.num_threads)
@@ -60,28 +81,50 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             queue_capacity=settings.queue_capacity,
         )
         worker.start()
-        app.state.serving, app.state.worker = serving, worker
+        state.worker = worker
+        state.control = control = ModelControl(state, settings, metrics)
+        control.start(serving)
         try:
             k = default_mc_samples(settings, serving)
             await warm_up(worker, serving, k, min(settings.max_batch_size, settings.max_instances))
         except ServiceError as exc:
             worker.stop()
-            app.state.startup_error = f"warm-up batch failed: {exc.message}"
-            raise StartupError(app.state.startup_error) from exc
-        app.state.ready = True
+            state.startup_error = f"warm-up batch failed: {exc.message}"
+            raise StartupError(state.startup_error) from exc
+        worker.metrics = metrics
+        state.ready = True
+        metrics.set_ready(True)
+
+        def on_drain() -> None:
+            state.draining = True
+            metrics.set_ready(False)
+
+        uninstall = install_drain_handler(
+            asyncio.get_running_loop(), settings.drain_delay_s, on_drain
+        )
+        watcher = asyncio.create_task(control.watch()) if control.shared else None
         log.info(
-            "ready: model %s (sha256 %s…) on %s, score %s > %.4g flags adversarial",
+            "ready: model %s (sha256 %s…) on %s, score %s > %.4g flags adversarial; admin %s",
             serving.name,
             serving.sha256[:12],
             serving.device,
             serving.calibration.score,
             serving.calibration.threshold,
+            "enabled" if admin_key else "disabled (no API key)",
         )
         try:
             yield
         finally:
-            app.state.ready = False
+            state.ready = False
+            metrics.set_ready(False)
+            if watcher is not None:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
+            if uninstall is not None:
+                uninstall()
             worker.stop()
+            metrics.process_exit()
 
     docs = settings.docs
     app = FastAPI(
@@ -95,28 +138,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.ready = False
+    app.state.draining = False
+    app.state.metrics = metrics
+    app.state.admin_key_digest = key_digest(admin_key) if admin_key else None
     install_error_handlers(app)
     app.include_router(api_router)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(StartupMessageMiddleware, state=app.state)
+    app.add_middleware(
+        RequestContextMiddleware,
+        templates=[
+            *route_templates(),
+            *(p for r in app.routes if isinstance(p := getattr(r, "path", None), str)),
+        ],
+        metrics=metrics,
+        access_log=settings.access_log,
+    )
     return app
-
-
-def _configure_logging(level: str) -> None:
-    """Send the ``bayesgate`` loggers to stderr in uvicorn's format (once per process)."""
-    logger = logging.getLogger("bayesgate")
-    logger.setLevel("DEBUG" if level == "trace" else level.upper())
-    if any(getattr(h, "bayesgate_handler", False) for h in logger.handlers):
-        return
-    handler = logging.StreamHandler()
-    try:
-        from uvicorn.logging import DefaultFormatter
-
-        handler.setFormatter(DefaultFormatter("%(levelprefix)s %(message)s"))
-    except ImportError:  # pragma: no cover - uvicorn is a dependency
-        handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
-    handler.bayesgate_handler = True  # type: ignore[attr-defined]
-    logger.addHandler(handler)
 
 
 def _version() -> str:

@@ -4,15 +4,28 @@ Flags override the ``BAYESGATE_*`` settings; with no flag and no environment it 
 bundled default model on 127.0.0.1:8000. The model directory is checked before uvicorn starts,
 so a missing or broken model/calibration ends with one line ``bayesgate: error: <file>: <problem>``
 and exit code 2 (a failure that only shows inside the server, e.g. the warm-up, exits with 3).
+
+Operations: logs are JSON lines on stderr (``BAYESGATE_LOG_FORMAT=text`` for uvicorn's format);
+SIGTERM drains (readiness off, ``BAYESGATE_DRAIN_DELAY_S`` more serving, in-flight requests
+finish within ``BAYESGATE_DRAIN_TIMEOUT_S``) and exits 0. With ``--workers N > 1`` the processes
+share a runtime directory (``BAYESGATE_RUNTIME_DIR``, a fresh temporary one unless set) holding the
+admin state and the Prometheus multiprocess files (``PROMETHEUS_MULTIPROC_DIR``, default
+``<runtime dir>/metrics``); stale files there are deleted at start.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import signal
+import tempfile
 from pathlib import Path
+from types import FrameType
 
 ENV_PREFIX = "BAYESGATE_"  # = service.settings.ENV_PREFIX (not imported: keeps --help fast)
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # = service.metrics.MULTIPROC_ENV (must not be
+# imported before the variable is set: prometheus_client picks its mode at import)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -48,6 +61,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from models.device import pick_device
     from service.errors import StartupError
     from service.loading import load_serving_model
+    from service.logs import uvicorn_log_config
     from service.settings import settings_from_env
 
     overrides = {
@@ -62,8 +76,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ENV_PREFIX + "_".join(str(p) for p in first["loc"]).upper()
-        raise ValueError(f"setting {field}: {first['msg']} (got {first.get('input')!r})") from None
+        got = "" if "KEY" in field else f" (got {first.get('input')!r})"  # never echo a secret
+        raise ValueError(f"setting {field}: {first['msg']}{got}") from None
     try:
+        settings.admin_key()  # an unreadable or short key file: one line, before anything starts
         pick_device(settings.device)
         load_serving_model(settings.model_dir, "cpu")  # fail fast, before uvicorn starts
     except (StartupError, RuntimeError) as exc:
@@ -72,13 +88,48 @@ def cmd_serve(args: argparse.Namespace) -> int:
     for name, value in overrides.items():
         if value is not None:
             os.environ[ENV_PREFIX + name.upper()] = str(value)
-    uvicorn.run(
-        "service.app:create_app",
-        factory=True,
-        host=settings.host,
-        port=settings.port,
-        workers=settings.workers,
-        log_level=settings.log_level,
-        timeout_graceful_shutdown=5,
-    )
+    own_runtime_dir = _prepare_shared_dirs(settings.workers, settings.runtime_dir)
+    # uvicorn re-raises the SIGTERM it handled once it has shut down gracefully: exit 0 then
+    # (the default action would kill the process with status -15).
+    signal.signal(signal.SIGTERM, _exit_cleanly)
+    try:
+        uvicorn.run(
+            "service.app:create_app",
+            factory=True,
+            host=settings.host,
+            port=settings.port,
+            workers=settings.workers,
+            log_level=settings.log_level,
+            log_config=uvicorn_log_config(settings.log_level, settings.log_format),
+            access_log=False,  # the app writes its own access log (with request ids)
+            timeout_graceful_shutdown=settings.drain_timeout_s,  # type: ignore[arg-type]
+        )
+    finally:
+        if own_runtime_dir is not None:
+            shutil.rmtree(own_runtime_dir, ignore_errors=True)
     return 0
+
+
+def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(0)
+
+
+def _prepare_shared_dirs(workers: int, runtime_dir: Path | None) -> Path | None:
+    """Runtime and metrics directories for several worker processes; returns the runtime
+    directory if this command created it (to delete it at exit)."""
+    created = None
+    if workers > 1 and runtime_dir is None:
+        runtime_dir = created = Path(tempfile.mkdtemp(prefix="bayesgate-"))
+        os.environ[ENV_PREFIX + "RUNTIME_DIR"] = str(runtime_dir)
+    if runtime_dir is not None:
+        runtime_dir.mkdir(parents=True, exist_ok=True)
+        (runtime_dir / "admin.json").unlink(missing_ok=True)  # a previous run's admin changes
+        if workers > 1 and MULTIPROC_ENV not in os.environ:
+            os.environ[MULTIPROC_ENV] = str(runtime_dir / "metrics")
+    metrics_dir = os.environ.get(MULTIPROC_ENV)
+    if metrics_dir:
+        Path(metrics_dir).mkdir(parents=True, exist_ok=True)
+        from service.metrics import clear_directory  # after the variable is set
+
+        clear_directory(metrics_dir)
+    return created

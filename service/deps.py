@@ -26,6 +26,14 @@ async def get_serving(request: Request) -> ServingModel:
     return request.app.state.serving
 
 
+async def get_ready_serving(request: Request) -> ServingModel:
+    """The served model when the server takes new traffic: loaded, warmed up and not draining."""
+    serving = await get_serving(request)
+    if getattr(request.app.state, "draining", False):
+        raise NotReady("the server is shutting down (draining in-flight requests)")
+    return serving
+
+
 async def get_worker(request: Request) -> BatchWorker:
     await get_serving(request)
     return request.app.state.worker
@@ -33,6 +41,7 @@ async def get_worker(request: Request) -> BatchWorker:
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 ServingDep = Annotated[ServingModel, Depends(get_serving)]
+ReadyDep = Annotated[ServingModel, Depends(get_ready_serving)]
 WorkerDep = Annotated[BatchWorker, Depends(get_worker)]
 
 

@@ -1,8 +1,13 @@
 """Domain exceptions of the service and their mapping to HTTP — the only place statuses are set.
 
 Routes, input decoding and the worker raise these; :func:`install_error_handlers` turns each into
-a JSON body ``{"error": message, "detail": message, "code": code}`` with the status in
-:data:`HTTP_STATUS` (``error`` as in the Open Inference Protocol, ``detail`` as in FastAPI).
+a JSON body with the status in :data:`HTTP_STATUS`:
+
+- native routes: ``{"error": message, "detail": message, "code": code}`` (``error`` as in the Open
+  Inference Protocol, ``detail`` as in FastAPI);
+- Open Inference Protocol routes (``/v2``): exactly ``{"error": message}``, with the statuses of
+  :data:`V2_HTTP_STATUS` (400 for every bad request, 404 unknown model, 503 not ready or
+  overloaded, 500), as KServe and Triton clients expect.
 """
 
 from __future__ import annotations
@@ -83,6 +88,24 @@ class InferenceFailed(ServiceError):
     code = "inference_failed"
 
 
+class Unauthorized(ServiceError):
+    """An admin route without a valid API key (``Authorization: Bearer`` or ``X-API-Key``)."""
+
+    code = "unauthorized"
+
+
+class AdminDisabled(ServiceError):
+    """An admin route on a server started without an API key: admin is off, never open."""
+
+    code = "admin_disabled"
+
+
+class ReloadFailed(ServiceError):
+    """The store's model or calibration cannot replace the served one (the old one stays)."""
+
+    code = "reload_failed"
+
+
 class StartupError(Exception):
     """The model or its calibration cannot be served; the message names the file and problem."""
 
@@ -98,29 +121,58 @@ HTTP_STATUS: dict[type[ServiceError], int] = {
     QueueFull: 503,
     DeadlineExceeded: 504,
     InferenceFailed: 500,
+    Unauthorized: 401,
+    AdminDisabled: 403,
+    ReloadFailed: 409,
     ServiceError: 500,
 }
 
+# Open Inference Protocol statuses, where they differ: every bad request is 400, a missed deadline
+# is "overloaded" (503). The body limit stays 413 (it is answered before any route runs).
+V2_HTTP_STATUS: dict[type[ServiceError], int] = {
+    **HTTP_STATUS,
+    TooManyInstances: 400,
+    InvalidInput: 400,
+    UnsupportedMediaType: 400,
+    DeadlineExceeded: 503,
+}
 
-def status_of(exc: ServiceError) -> int:
-    """HTTP status of a domain error (the first class of its MRO found in :data:`HTTP_STATUS`)."""
+V2_PREFIX = "/v2"
+
+
+def is_v2_path(path: str) -> bool:
+    """True for the Open Inference Protocol routes (``/v2`` and below)."""
+    return path == V2_PREFIX or path.startswith(V2_PREFIX + "/")
+
+
+def status_of(exc: ServiceError, *, v2: bool = False) -> int:
+    """HTTP status of a domain error (the first class of its MRO found in the status table)."""
+    table = V2_HTTP_STATUS if v2 else HTTP_STATUS
     for cls in type(exc).__mro__:
-        if cls in HTTP_STATUS:
-            return HTTP_STATUS[cls]
+        if cls in table:
+            return table[cls]
     return 500
 
 
-def error_body(message: str, code: str, **extra: Any) -> dict[str, Any]:
+def error_body(message: str, code: str, *, v2: bool = False, **extra: Any) -> dict[str, Any]:
+    if v2:
+        return {"error": message}
     return {"error": message, "detail": message, "code": code, **extra}
 
 
-def error_response(exc: ServiceError) -> JSONResponse:
+def error_response(exc: ServiceError, *, v2: bool = False) -> JSONResponse:
     """The HTTP response of a domain error (also used by the body-size middleware)."""
-    status = status_of(exc)
-    headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, QueueFull) else None
+    status = status_of(exc, v2=v2)
+    headers: dict[str, str] = {}
+    if isinstance(exc, QueueFull):
+        headers["Retry-After"] = str(exc.retry_after_s)
+    if isinstance(exc, Unauthorized):
+        headers["WWW-Authenticate"] = 'Bearer realm="bayesgate-admin"'
     if status >= 500:
         log.warning("%s %d: %s", exc.code, status, exc.message)
-    return JSONResponse(error_body(exc.message, exc.code), status_code=status, headers=headers)
+    return JSONResponse(
+        error_body(exc.message, exc.code, v2=v2), status_code=status, headers=headers or None
+    )
 
 
 def _location(loc: tuple[Any, ...]) -> str:
@@ -143,18 +195,27 @@ def install_error_handlers(app: FastAPI) -> None:
     """Map domain errors, FastAPI's own validation errors and HTTP errors to JSON bodies."""
 
     @app.exception_handler(ServiceError)
-    async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
-        return error_response(exc)
+    async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
+        return error_response(exc, v2=is_v2_path(request.url.path))
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         message = describe_validation_errors(list(exc.errors()))
-        return JSONResponse(error_body(message, InvalidInput.code), status_code=422)
+        return error_response(InvalidInput(message), v2=is_v2_path(request.url.path))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return JSONResponse(
-            error_body(str(exc.detail), "http_error"),
+            error_body(str(exc.detail), "http_error", v2=is_v2_path(request.url.path)),
             status_code=exc.status_code,
             headers=getattr(exc, "headers", None),
+        )
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # Starlette's outermost middleware sends this, then re-raises so the server logs it.
+        message = f"internal error: {type(exc).__name__}"
+        return JSONResponse(
+            error_body(message, "internal_error", v2=is_v2_path(request.url.path)),
+            status_code=500,
         )

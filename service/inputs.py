@@ -71,9 +71,10 @@ def decode_instances(
         field = f"instances[{i}]"
         try:
             arr = np.asarray(item)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, RecursionError):
             raise InvalidInput(
-                f"{field}: ragged nested lists; expected an array of shape {_shape_text(shapes)}"
+                f"{field}: ragged or too deeply nested lists; expected an array of shape "
+                f"{_shape_text(shapes)}"
             ) from None
         if arr.dtype.kind not in "iuf":
             raise InvalidInput(

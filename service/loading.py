@@ -34,6 +34,8 @@ class ServingModel:
     calibration: Calibration
     device: torch.device
     directory: Path
+    # The admin's score/threshold replacing calibration.json's: {"score", "threshold", "set_at"}.
+    override: dict[str, Any] | None = None
 
     @property
     def name(self) -> str:
@@ -71,6 +73,7 @@ class ServingModel:
                 "auroc": attack_aurocs(cal.attacks),
                 "attacks": cal.attacks,
                 "created": cal.created,
+                "override": self.override,
             },
         }
 
@@ -78,7 +81,8 @@ class ServingModel:
 def attack_aurocs(attacks: list[dict[str, Any]]) -> dict[str, float]:
     """``{attack name: AUROC}`` from the ``attacks`` entries of ``calibration.json``.
 
-    Entries without a name are numbered (``attack-<i>``); entries without an AUROC are skipped
+    Entries without a name are numbered (``attack-<i>``); top-level ``eps``/``epsilon``/``eta``/
+    ``steps`` not already spelled in the name are appended; entries without an AUROC are skipped
     (they stay visible in the full ``attacks`` list).
     """
     out: dict[str, float] = {}
@@ -89,7 +93,11 @@ def attack_aurocs(attacks: list[dict[str, Any]]) -> dict[str, float]:
         if not isinstance(auroc, int | float) or not math.isfinite(auroc):
             continue
         name = next((str(entry[k]) for k in _ATTACK_NAME_KEYS if k in entry), f"attack-{i}")
-        extras = [f"{k}={entry[k]}" for k in ("eps", "epsilon", "steps") if k in entry]
+        extras = [
+            f"{k}={entry[k]}"
+            for k in ("eps", "epsilon", "eta", "steps")
+            if k in entry and f"{k}=" not in name
+        ]
         out[" ".join([name, *extras])] = float(auroc)
     return out
 

@@ -1,4 +1,12 @@
-"""Pure ASGI middleware: request-body size limit and one-line start-up failures.
+"""Pure ASGI middleware: request context (id, access log, HTTP metrics), request-body size limit
+and one-line start-up failures.
+
+:class:`RequestContextMiddleware` (outermost) gives each request an id — the client's
+``X-Request-ID`` when it is 1–128 safe characters, else a new one — echoes it in the response's
+``X-Request-ID``, makes it visible to every log record of the request
+(:data:`service.logs.REQUEST_ID`), counts and times the request in Prometheus by route template,
+and writes one JSON access-log line (``bayesgate.access``; health, readiness and metrics probes at
+DEBUG so they do not flood the log). Query strings and headers are never logged.
 
 :class:`BodyLimitMiddleware` answers 413 before reading a body whose ``Content-Length`` is too
 large, and stops a chunked body as soon as it grows past the limit (``PayloadTooLarge`` is raised
@@ -11,11 +19,118 @@ server that cannot load its model logs one line naming the file and the problem.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from typing import Any
 
+from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.errors import PayloadTooLarge, error_response
+from service.errors import PayloadTooLarge, error_response, is_v2_path
+from service.logs import REQUEST_ID, accept_request_id
+from service.metrics import Metrics
+
+access_log = logging.getLogger("bayesgate.access")
+
+UNMATCHED = "unmatched"
+CLIENT_CLOSED = 499  # nginx's code for "the client closed the connection first"
+QUIET_ROUTES = frozenset({"/healthz", "/readyz", "/metrics", "/v2/health/live", "/v2/health/ready"})
+
+
+class RouteTemplates:
+    """Path → the template of the route it matches (``/v1/models/x`` → ``/v1/models/{name}``).
+
+    Matched here from the route list rather than read from the scope, so it is the same whether
+    or not the router ran (a 413 is answered before routing) and whatever the framework version.
+    """
+
+    def __init__(self, templates: list[str]) -> None:
+        self._patterns = [(compile_path(t)[0], t) for t in dict.fromkeys(templates)]
+
+    def __call__(self, path: str) -> str:
+        for regex, template in self._patterns:
+            if regex.match(path):
+                return template
+        return UNMATCHED
+
+
+class RequestContextMiddleware:
+    def __init__(
+        self,
+        app: ASGIApp,
+        templates: list[str],
+        metrics: Metrics | None,
+        access_log: bool = True,
+    ) -> None:
+        self.app = app
+        self.route_of = RouteTemplates(templates)
+        self.metrics = metrics
+        self.access_log = access_log
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        offered = None
+        for name, value in scope.get("headers", ()):
+            if name == b"x-request-id":
+                offered = value.decode("latin-1")
+                break
+        request_id = accept_request_id(offered)
+        token = REQUEST_ID.set(request_id)
+        status = 500
+        sent = 0
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status, sent
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                headers = [h for h in message.get("headers", []) if h[0].lower() != b"x-request-id"]
+                headers.append((b"x-request-id", request_id.encode()))
+                message = {**message, "headers": headers}
+            elif message["type"] == "http.response.body":
+                sent += len(message.get("body", b""))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except asyncio.CancelledError:
+            status = CLIENT_CLOSED  # the client went away before the answer
+            raise
+        except BaseException:
+            status = 500
+            raise
+        finally:
+            seconds = time.perf_counter() - start
+            route = self.route_of(scope.get("path", ""))
+            method = scope.get("method", "")
+            if self.metrics is not None:
+                self.metrics.observe_http(method, route, status, seconds)
+            if self.access_log:
+                level = logging.DEBUG if route in QUIET_ROUTES and status < 400 else logging.INFO
+                if access_log.isEnabledFor(level):
+                    client = scope.get("client")
+                    access_log.log(
+                        level,
+                        "%s %s %d",
+                        method,
+                        scope.get("path", ""),
+                        status,
+                        extra={
+                            "fields": {
+                                "method": method,
+                                "path": scope.get("path", ""),
+                                "route": route,
+                                "status": status,
+                                "duration_ms": round(seconds * 1000, 3),
+                                "bytes_sent": sent,
+                                "client": f"{client[0]}:{client[1]}" if client else None,
+                            }
+                        },
+                    )
+            REQUEST_ID.reset(token)
 
 
 class BodyLimitMiddleware:
@@ -35,7 +150,10 @@ class BodyLimitMiddleware:
             return
         length = dict(scope.get("headers", ())).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
-            await error_response(self._error(length.decode()))(scope, receive, send)
+            response = error_response(
+                self._error(length.decode()), v2=is_v2_path(scope.get("path", ""))
+            )
+            await response(scope, receive, send)
             return
         seen = 0
 

@@ -59,3 +59,41 @@ class PredictResponse(BaseModel):
 
 class ModelList(BaseModel):
     models: list[dict[str, Any]]
+
+
+class ErrorBody(BaseModel):
+    """Every error of the native routes."""
+
+    error: str = Field(description="what went wrong, naming the field")
+    detail: str = Field(description="the same message (FastAPI's key)")
+    code: str = Field(description="stable identifier, e.g. invalid_input, queue_full")
+
+
+class V2ErrorBody(BaseModel):
+    """Every error of the Open Inference Protocol routes (``/v2``)."""
+
+    error: str
+
+
+_DESCRIPTIONS = {
+    400: "bad request (the message names the field)",
+    401: "missing or invalid API key",
+    403: "admin routes disabled (no API key configured)",
+    404: "unknown model",
+    409: "the store's model cannot replace the served one",
+    413: "body or instance count too large",
+    415: "wrong Content-Type",
+    422: "invalid input (the message names the field)",
+    500: "inference failed",
+    503: "not ready, draining, or queue full (Retry-After)",
+    504: "request timeout",
+}
+
+
+def error_responses(*codes: int, v2: bool = False) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for the given error statuses, with the error body schema."""
+    model = V2ErrorBody if v2 else ErrorBody
+    return {code: {"model": model, "description": _DESCRIPTIONS[code]} for code in codes}
+
+
+ERROR_RESPONSES = error_responses(*_DESCRIPTIONS)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 import models
@@ -17,6 +17,8 @@ ENV_PREFIX = "BAYESGATE_"
 DEFAULT_MODEL_DIR = Path(models.__file__).parent / "pretrained" / "bayesgate-default"
 
 LogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
+LogFormat = Literal["json", "text"]
+MIN_API_KEY_LENGTH = 16
 
 
 class Settings(BaseSettings):
@@ -46,10 +48,42 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="largest request body")
     num_threads: int = Field(0, ge=0, description="torch CPU threads; 0 = torch's default")
     log_level: LogLevel = "info"
+    log_format: LogFormat = Field(
+        "json", description="json: one JSON object per log line; text: uvicorn's plain format"
+    )
+    access_log: bool = Field(True, description="one log line per HTTP request")
     docs: bool = Field(True, description="serve /docs, /redoc and /openapi.json")
+    api_key: SecretStr | None = Field(
+        None, description="key of the admin routes; unset (and no key file) = admin disabled"
+    )
+    api_key_file: Path | None = Field(
+        None, description="file holding the admin key (e.g. a mounted secret); wins over api_key"
+    )
+    drain_delay_s: float = Field(
+        2.0,
+        ge=0,
+        le=600,
+        description="after SIGTERM: keep serving this long with readiness 503, then stop accepting",
+    )
+    drain_timeout_s: float = Field(
+        20.0, gt=0, le=3600, description="then: longest wait for in-flight requests to finish"
+    )
+    runtime_dir: Path | None = Field(
+        None,
+        description="directory shared by the worker processes (admin changes); set by "
+        "`bayesgate serve --workers N`",
+    )
     host: str = Field("127.0.0.1", description="`bayesgate serve` bind address")
     port: int = Field(8000, ge=0, le=65535, description="`bayesgate serve` port")
     workers: int = Field(1, ge=1, description="`bayesgate serve` worker processes")
+
+    @field_validator("api_key")
+    @classmethod
+    def _check_key(cls, key: SecretStr | None) -> SecretStr | None:
+        if key is None or key.get_secret_value() == "":
+            return None
+        _check_key_text(key.get_secret_value(), "api_key")
+        return key
 
     @model_validator(mode="after")
     def _check_k(self) -> Settings:
@@ -63,6 +97,31 @@ class Settings(BaseSettings):
     @property
     def max_queue_delay_s(self) -> float:
         return self.max_queue_delay_ms / 1000.0
+
+    def admin_key(self) -> bytes | None:
+        """The admin API key as UTF-8 bytes (from ``api_key_file`` if set), or None = disabled.
+
+        Raises ``ValueError`` naming the file when it cannot be read or holds a short key.
+        """
+        if self.api_key_file is not None:
+            try:
+                text = self.api_key_file.read_text(encoding="utf-8").strip()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ValueError(f"api_key_file {self.api_key_file}: cannot read ({exc})") from None
+            _check_key_text(text, f"api_key_file {self.api_key_file}")
+            return text.encode()
+        if self.api_key is None:
+            return None
+        return self.api_key.get_secret_value().encode()
+
+
+def _check_key_text(text: str, where: str) -> None:
+    if len(text) < MIN_API_KEY_LENGTH:
+        raise ValueError(
+            f"{where}: the admin key must have at least {MIN_API_KEY_LENGTH} characters"
+        )
+    if not (text.isascii() and text.isprintable()) or " " in text:
+        raise ValueError(f"{where}: the admin key must be printable ASCII without spaces")
 
 
 def settings_from_env(**overrides: object) -> Settings:

@@ -16,6 +16,11 @@ larger than ``max_batch_size`` runs alone. Within a batch:
 
 An exception in an engine call fails only the jobs of that call (``InferenceFailed``); the
 thread keeps serving. Expired or cancelled jobs are dropped before they reach the engine.
+
+The served model can be replaced while the worker runs (``worker.model = new``, an admin reload):
+each engine call reads ``model`` once, so a batch runs entirely on the old or the new one. With
+``metrics`` set (after the warm-up), queue depth, queue time, compute time, batch sizes, outcomes
+and flagged instances go to Prometheus (:class:`service.metrics.Metrics`).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import torch
 
 from service.errors import DeadlineExceeded, InferenceFailed, NotReady, QueueFull
 from service.loading import ServingModel
+from service.metrics import Metrics
 from service.predictor import Engine, mc_engine, summarise
 
 log = logging.getLogger("bayesgate.service")
@@ -132,6 +138,7 @@ class BatchWorker:
         self.max_queue_delay_s = max_queue_delay_s
         self.engine = engine  # replaceable (tests slow it down or make it fail)
         self.stats = WorkerStats()
+        self.metrics: Metrics | None = None  # set once the warm-up batch has run
         self._queue: queue.Queue[Job] = queue.Queue(maxsize=queue_capacity)
         self._carry: Job | None = None  # taken from the queue but did not fit the last batch
         self._stop = threading.Event()
@@ -163,10 +170,17 @@ class BatchWorker:
             self._queue.put_nowait(job)
         except queue.Full:
             self.stats.record(requests_rejected=1)
+            if self.metrics is not None:
+                self.metrics.count_requests("rejected")
             raise QueueFull(
                 f"the inference queue is full ({self._queue.maxsize} requests waiting); retry later"
             ) from None
+        self._report_depth()
         return job
+
+    def _report_depth(self) -> None:
+        if self.metrics is not None:
+            self.metrics.queue_depth.set(self._queue.qsize())
 
     async def predict(
         self,
@@ -253,17 +267,22 @@ class BatchWorker:
         return batch
 
     def _process(self, batch: list[Job]) -> None:
+        self._report_depth()
+        metrics = self.metrics
         now = time.monotonic()
         live: list[Job] = []
         for job in batch:
-            if not job.future.set_running_or_notify_cancel():
-                self.stats.record(requests_expired=1)  # cancelled by the waiting request
-                continue
-            if now > job.deadline:
+            if not job.future.set_running_or_notify_cancel() or now > job.deadline:
+                # cancelled by the waiting request (it timed out), or past its deadline
                 self.stats.record(requests_expired=1)
-                job.future.set_exception(DeadlineExceeded("the request expired in the queue"))
+                if metrics is not None:
+                    metrics.count_requests("expired")
+                if job.future.running():
+                    job.future.set_exception(DeadlineExceeded("the request expired in the queue"))
                 continue
             self.stats.record(queue_seconds=now - job.enqueued)
+            if metrics is not None:
+                metrics.queue_seconds.observe(now - job.enqueued)
             live.append(job)
         groups: dict[int, list[Job]] = {}
         for job in live:
@@ -290,13 +309,22 @@ class BatchWorker:
                 raise RuntimeError(f"engine returned shape {tuple(probs.shape)}, expected B×K×C")
             answers = summarise(probs, model.calibration, model.card.classes)
         except Exception as exc:
-            self.stats.record_call(size, len(jobs), time.perf_counter() - start, ok=False)
+            seconds = time.perf_counter() - start
+            self.stats.record_call(size, len(jobs), seconds, ok=False)
+            if self.metrics is not None:
+                self.metrics.observe_engine_call(size, seconds)
+                self.metrics.count_requests("failed", len(jobs))
             log.exception("worker: engine call failed for %d request(s)", len(jobs))
             message = f"inference failed: {type(exc).__name__}: {exc}"
             for job in jobs:
                 job.future.set_exception(InferenceFailed(message))
             return
-        self.stats.record_call(size, len(jobs), time.perf_counter() - start, ok=True)
+        seconds = time.perf_counter() - start
+        self.stats.record_call(size, len(jobs), seconds, ok=True)
+        if self.metrics is not None:
+            self.metrics.observe_engine_call(size, seconds)
+            self.metrics.count_requests("succeeded", len(jobs))
+            self.metrics.count_instances(size, sum(row["adversarial"] for row in answers))
         offset = 0
         for job in jobs:
             rows = answers[offset : offset + job.size]

@@ -8,18 +8,18 @@ from fastapi import APIRouter
 
 from service.deps import ServingDep, SettingsDep, WorkerDep
 from service.errors import ModelNotFound
-from service.schemas import ModelList
+from service.schemas import ModelList, error_responses
 
 router = APIRouter(tags=["models"])
 
 
-@router.get("/models", response_model=ModelList)
+@router.get("/models", response_model=ModelList, responses=error_responses(503))
 async def list_models(serving: ServingDep) -> dict[str, Any]:
     """The served model(s): card and calibration summary (threshold, target FPR, AUROCs)."""
     return {"models": [serving.summary()]}
 
 
-@router.get("/models/{name}", responses={404: {"description": "no such model"}})
+@router.get("/models/{name}", responses=error_responses(404, 422, 503))
 async def get_model(name: str, serving: ServingDep) -> dict[str, Any]:
     """One model's card and calibration summary."""
     if name != serving.name:
@@ -29,7 +29,7 @@ async def get_model(name: str, serving: ServingDep) -> dict[str, Any]:
     return serving.summary()
 
 
-@router.get("/stats")
+@router.get("/stats", responses=error_responses(503))
 async def stats(worker: WorkerDep, settings: SettingsDep) -> dict[str, Any]:
     """Worker statistics: requests, engine calls, observed batch sizes, queue depth and time."""
     return {

@@ -13,23 +13,18 @@ import torch
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.deps import ServingDep, SettingsDep, WorkerDep, default_mc_samples
 from service.errors import InvalidInput, UnsupportedMediaType, describe_validation_errors
 from service.inputs import decode_images, decode_instances, decode_png
 from service.loading import ServingModel
-from service.schemas import MAX_SEED, PredictRequest, PredictResponse
+from service.schemas import MAX_SEED, PredictRequest, PredictResponse, error_responses
 from service.settings import Settings
 
 router = APIRouter(tags=["predict"])
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    413: {"description": "body or instance count too large"},
-    415: {"description": "wrong Content-Type"},
-    422: {"description": "invalid input (the message names the field)"},
-    503: {"description": "queue full (Retry-After) or not ready"},
-    504: {"description": "request timeout"},
-}
+_ERRORS = error_responses(413, 415, 422, 500, 503, 504)
 
 
 class FileOptions(BaseModel):
@@ -42,6 +37,16 @@ class FileOptions(BaseModel):
     seed: int | None = Field(None, ge=0, le=MAX_SEED)
 
 
+def parse_json(body: bytes) -> Any:
+    """The request body as JSON; :class:`InvalidInput` for invalid JSON or absurd nesting."""
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"body: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise InvalidInput("body: JSON nested too deeply") from None
+
+
 def _require_media_type(request: Request, expected: str) -> None:
     got = request.headers.get("content-type", "")
     if got.split(";")[0].strip().lower() != expected:
@@ -51,7 +56,7 @@ def _require_media_type(request: Request, expected: str) -> None:
         )
 
 
-def _resolve_k(requested: int | None, settings: Settings, serving: ServingModel) -> int:
+def resolve_k(requested: int | None, settings: Settings, serving: ServingModel) -> int:
     k = default_mc_samples(settings, serving) if requested is None else requested
     if not 1 <= k <= settings.max_mc_samples:
         raise InvalidInput(
@@ -97,11 +102,7 @@ async def predict(
 ) -> dict[str, Any]:
     """Label, probabilities, uncertainty and adversarial flag for each image of the body."""
     _require_media_type(request, "application/json")
-    body = await request.body()
-    try:
-        payload = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidInput(f"body: not valid JSON ({exc})") from None
+    payload = parse_json(await request.body())
     if not isinstance(payload, dict):
         raise InvalidInput("body: expected a JSON object with 'instances' or 'images'")
     try:
@@ -112,7 +113,7 @@ async def predict(
         raise InvalidInput(
             "body: give exactly one of 'instances' (arrays) or 'images' (base64 PNG)"
         )
-    k = _resolve_k(req.mc_samples, settings, serving)
+    k = resolve_k(req.mc_samples, settings, serving)
     if req.instances is not None:
         x = decode_instances(
             req.instances, serving.input_shape, serving.input_range, settings.max_instances
@@ -151,7 +152,11 @@ async def predict_file(
 ) -> dict[str, Any]:
     """Multipart upload of one PNG (field ``file``); options as form fields."""
     _require_media_type(request, "multipart/form-data")
-    async with request.form(max_files=1, max_fields=8) as form:
+    try:
+        form = await request.form(max_files=1, max_fields=8)
+    except StarletteHTTPException as exc:  # Starlette's multipart parser: malformed or too big
+        raise InvalidInput(f"body: unreadable multipart form ({exc.detail})") from None
+    try:
         upload = form.get("file")
         if not isinstance(upload, UploadFile):
             raise InvalidInput("file: expected one uploaded PNG file in the form field 'file'")
@@ -161,8 +166,10 @@ async def predict_file(
         except ValidationError as exc:
             raise InvalidInput(describe_validation_errors(exc.errors())) from None
         data = await upload.read()
+    finally:
+        await form.close()
     if not data:
         raise InvalidInput("file: the uploaded file is empty")
-    k = _resolve_k(opts.mc_samples, settings, serving)
+    k = resolve_k(opts.mc_samples, settings, serving)
     x = torch.from_numpy(decode_png(data, "file", serving.input_shape)).unsqueeze(0)
     return await _answer(x, k, opts.seed, opts.return_samples, worker, serving, settings)

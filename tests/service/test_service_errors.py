@@ -159,7 +159,11 @@ async def test_oversized_bodies_are_413(client: Any) -> None:
 
 
 async def test_unknown_routes_and_methods_get_json_errors(client: Any) -> None:
-    missing = await client.get("/v2/nothing")
+    missing = await client.get("/v1/nothing")
     assert_error(missing, 404, ["Not Found"])
+    # Under /v2 the Open Inference Protocol's error body: exactly {"error": ...}.
+    v2_missing = await client.get("/v2/nothing")
+    assert v2_missing.status_code == 404
+    assert v2_missing.json() == {"error": "Not Found"}
     wrong_method = await client.get("/v1/predict")
     assert_error(wrong_method, 405, ["Method Not Allowed"])

@@ -1,0 +1,130 @@
+"""Structured logs: one JSON object per line, tagged with the id of the request being served.
+
+Every record of the ``bayesgate`` and ``uvicorn`` loggers becomes (``format = "json"``)::
+
+    {"ts": "2026-11-22T10:04:05.123Z", "level": "info", "logger": "bayesgate.access",
+     "message": "POST /v1/predict 200", "request_id": "3f1c…", "pid": 4242, ...extra fields}
+
+``request_id`` comes from :data:`REQUEST_ID`, a context variable the request middleware sets for
+the duration of each request (the client's ``X-Request-ID`` when it is acceptable, else a fresh
+one); a record logged outside a request has none. Extra fields given with
+``log.info(..., extra={"fields": {...}})`` are merged into the object. An exception is one string
+field ``exception`` (so a traceback never breaks the one-line-per-record rule).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import datetime as dt
+import json
+import logging
+import os
+import re
+import uuid
+from typing import Any
+
+REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "bayesgate_request_id", default=None
+)
+
+# Accepted client request ids: short, printable, no spaces or quotes (they are echoed in a header
+# and written to the logs).
+_REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:/+=@-]{1,128}$")
+
+LOGGERS = ("bayesgate", "uvicorn", "uvicorn.error")
+_HANDLER_FLAG = "bayesgate_handler"
+
+
+def accept_request_id(value: str | None) -> str:
+    """The client's ``X-Request-ID`` if it is 1–128 safe characters, else a new random id."""
+    if value and _REQUEST_ID_RE.fullmatch(value):
+        return value
+    return uuid.uuid4().hex
+
+
+class JsonFormatter(logging.Formatter):
+    """``LogRecord`` → one JSON line (see the module docstring for the fields)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": dt.datetime.fromtimestamp(record.created, dt.timezone.utc).isoformat(
+                timespec="milliseconds"
+            ),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+            "pid": record.process if record.process is not None else os.getpid(),
+        }
+        request_id = getattr(record, "request_id", None) or REQUEST_ID.get()
+        if request_id:
+            out["request_id"] = request_id
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            out.update(fields)
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str, ensure_ascii=False)
+
+
+def _text_formatter() -> logging.Formatter:
+    try:
+        from uvicorn.logging import DefaultFormatter
+
+        return DefaultFormatter("%(levelprefix)s %(message)s")
+    except ImportError:  # pragma: no cover - uvicorn is a dependency
+        return logging.Formatter("%(levelname)s: %(message)s")
+
+
+def python_level(level: str) -> str:
+    """uvicorn's level names → :mod:`logging`'s (``trace`` is below ``debug``)."""
+    return "DEBUG" if level == "trace" else level.upper()
+
+
+def configure_logging(level: str, fmt: str) -> None:
+    """Route the ``bayesgate`` loggers to stderr, as JSON or uvicorn-style text (once per process).
+
+    In JSON mode the ``uvicorn`` loggers get the same handler, so that a server's whole stderr is
+    JSON lines (``bayesgate serve`` also hands uvicorn :func:`uvicorn_log_config`).
+    """
+    names = LOGGERS if fmt == "json" else ("bayesgate",)
+    for name in names:
+        logger = logging.getLogger(name)
+        logger.setLevel(python_level(level))
+        existing = [h for h in logger.handlers if getattr(h, _HANDLER_FLAG, False)]
+        if existing:
+            for handler in existing:
+                handler.setFormatter(JsonFormatter() if fmt == "json" else _text_formatter())
+            continue
+        if name.startswith("uvicorn"):
+            # uvicorn's own handlers (text) are replaced, not doubled.
+            for handler in list(logger.handlers):
+                logger.removeHandler(handler)
+        handler = logging.StreamHandler()
+        handler.setFormatter(JsonFormatter() if fmt == "json" else _text_formatter())
+        setattr(handler, _HANDLER_FLAG, True)
+        logger.addHandler(handler)
+        if name == "uvicorn.error":
+            logger.propagate = False
+
+
+def uvicorn_log_config(level: str, fmt: str) -> dict[str, Any] | None:
+    """``logging.dictConfig`` for uvicorn: JSON lines on stderr, or None = uvicorn's default."""
+    if fmt != "json":
+        return None
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"json": {"()": "service.logs.JsonFormatter"}},
+        "handlers": {
+            "stderr": {
+                "class": "logging.StreamHandler",
+                "formatter": "json",
+                "stream": "ext://sys.stderr",
+            }
+        },
+        "loggers": {
+            "uvicorn": {"handlers": ["stderr"], "level": python_level(level), "propagate": False},
+            "uvicorn.error": {"level": python_level(level)},
+            "uvicorn.access": {"handlers": [], "level": "WARNING", "propagate": False},
+        },
+    }

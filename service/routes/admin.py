@@ -1,0 +1,117 @@
+"""Admin routes (API key required, see :mod:`service.auth`); changes apply to every worker process.
+
+=============================  ==============================================================
+``POST /admin/reload``         read the model and calibration.json again from
+                               ``BAYESGATE_MODEL_DIR`` (sha256-checked); drops any override
+``PUT /admin/threshold``       ``{"score": …, "threshold": …}`` (either or both): flag inputs by
+                               ``score > threshold`` instead of calibration.json's decision
+``DELETE /admin/threshold``    back to calibration.json's score and threshold
+=============================  ==============================================================
+
+No route takes a model file, a path or a URL: the model comes only from the configured store.
+What a change does is in :mod:`service.control`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from service.auth import require_admin
+from service.control import AdminState, ModelControl
+from service.deps import ServingDep
+from service.errors import InvalidInput, describe_validation_errors
+from service.routes.predict import parse_json
+from service.schemas import error_responses
+
+router = APIRouter(
+    prefix="/admin",
+    tags=["admin"],
+    dependencies=[Depends(require_admin)],
+    responses=error_responses(401, 403, 422, 503),
+)
+
+
+class ThresholdRequest(BaseModel):
+    """``PUT /admin/threshold``: at least one of the two."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    score: str | None = Field(
+        None, description="predictive_entropy, mutual_information or variation_ratio"
+    )
+    threshold: float | None = Field(
+        None, allow_inf_nan=False, description="flag when score > threshold"
+    )
+
+
+class AdminResult(BaseModel):
+    """The model and decision now served."""
+
+    model: str
+    weights_sha256: str
+    score: str
+    threshold: float
+    override: dict[str, Any] | None
+    generation: int = Field(description="count of admin changes since start")
+    scope: str = Field(description="which processes the change reaches")
+
+
+def _control(request: Request) -> ModelControl:
+    return request.app.state.control
+
+
+def _result(request: Request, state: AdminState) -> dict[str, Any]:
+    serving = request.app.state.serving
+    control = _control(request)
+    return {
+        "model": serving.name,
+        "weights_sha256": serving.sha256,
+        "score": serving.calibration.score,
+        "threshold": serving.calibration.threshold,
+        "override": serving.override,
+        "generation": state.generation,
+        "scope": "all worker processes (others within 1 s)" if control.shared else "this process",
+    }
+
+
+@router.post("/reload", response_model=AdminResult, responses=error_responses(409))
+async def reload(request: Request, _: ServingDep) -> dict[str, Any]:
+    """Reload the model and its calibration from the configured model directory (no body)."""
+    if await request.body():
+        raise InvalidInput(
+            "body: this route takes no body; it reloads from the configured BAYESGATE_MODEL_DIR"
+        )
+    state = await _control(request).reload_state()
+    return _result(request, state)
+
+
+@router.put(
+    "/threshold",
+    response_model=AdminResult,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": ThresholdRequest.model_json_schema()}},
+        }
+    },
+)
+async def set_threshold(request: Request, _: ServingDep) -> dict[str, Any]:
+    """Flag inputs by ``score > threshold``; a missing score keeps the active one, a missing
+    threshold takes calibration.json's for that score."""
+    payload = parse_json(await request.body())
+    try:
+        body = ThresholdRequest.model_validate(payload)
+    except ValidationError as exc:
+        raise InvalidInput(describe_validation_errors(exc.errors())) from None
+    state = await _control(request).set_decision(body.score, body.threshold)
+    return _result(request, state)
+
+
+@router.delete("/threshold", response_model=AdminResult)
+async def clear_threshold(request: Request, _: ServingDep) -> dict[str, Any]:
+    """Back to calibration.json's score and threshold."""
+    state = await _control(request).clear_decision()
+    return _result(request, state)

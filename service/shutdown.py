@@ -1,0 +1,86 @@
+"""Graceful shutdown under uvicorn: SIGTERM → not ready → drain → exit 0.
+
+uvicorn stops on SIGTERM by closing its listening socket at once, waiting for in-flight requests
+(``timeout_graceful_shutdown`` = ``BAYESGATE_DRAIN_TIMEOUT_S``), then running the app's lifespan
+shutdown. A load balancer that still routes to the process in the meantime would see refused
+connections, so :func:`install_drain_handler` puts one step before that:
+
+1. SIGTERM: readiness (``/readyz``, ``/v2/health/ready``) turns 503 and ``bayesgate_ready`` 0;
+   the server keeps accepting and answering requests for ``BAYESGATE_DRAIN_DELAY_S`` (time for the
+   load balancer to notice and stop routing);
+2. then uvicorn's own handler runs: no new connections, in-flight requests finish (bounded by the
+   drain timeout), the lifespan stops the inference worker (nothing is queued any more);
+3. the process exits 0.
+
+SIGINT (Ctrl-C) and a second SIGTERM skip the delay. The handler is installed only when the
+current handler is a uvicorn server's (so tests running the app in-process never touch signals);
+it wraps that handler rather than replacing uvicorn's shutdown logic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+log = logging.getLogger("bayesgate.service")
+
+SignalHandler = Callable[[int, FrameType | None], Any]
+
+
+def _uvicorn_handler(handler: Any) -> bool:
+    try:
+        from uvicorn import Server
+    except ImportError:  # pragma: no cover - uvicorn is a dependency
+        return False
+    return isinstance(getattr(handler, "__self__", None), Server)
+
+
+def install_drain_handler(
+    loop: asyncio.AbstractEventLoop, delay_s: float, on_drain: Callable[[], None]
+) -> Callable[[], None] | None:
+    """Wrap uvicorn's SIGTERM/SIGINT handler (see the module docstring); return an uninstaller.
+
+    ``on_drain`` runs once, on the first signal (it turns readiness off). Returns None (and does
+    nothing) when no uvicorn server handles the signals in this thread.
+    """
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    if not all(_uvicorn_handler(h) for h in previous.values()):
+        return None
+    draining = False
+
+    def begin(sig: int, stop: SignalHandler, delayed: bool) -> None:
+        # On the loop, not in the signal handler: on_drain and logging take locks that the
+        # interrupted code may hold.
+        on_drain()
+        if delayed:
+            log.info(
+                "SIGTERM: readiness off; serving %.3g s more, then draining in-flight requests",
+                delay_s,
+            )
+            loop.call_later(delay_s, stop, sig, None)
+        else:
+            log.info("%s: readiness off; draining in-flight requests", signal.Signals(sig).name)
+
+    def handler(sig: int, frame: FrameType | None) -> None:
+        nonlocal draining
+        stop: SignalHandler = previous[signal.Signals(sig)]
+        first, draining = not draining, True
+        delayed = first and sig == signal.SIGTERM and delay_s > 0
+        if first:
+            loop.call_soon_threadsafe(begin, sig, stop, delayed)
+        if not delayed:
+            stop(sig, frame)  # uvicorn's handler only sets flags: safe here
+
+    for sig in previous:
+        signal.signal(sig, handler)
+
+    def uninstall() -> None:
+        for sig, old in previous.items():
+            if signal.getsignal(sig) is handler:
+                signal.signal(sig, old)
+
+    return uninstall
