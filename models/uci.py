@@ -1,0 +1,261 @@
+"""The UCI regression protocol of Gal & Ghahramani (2016) / Li & Gal (2017, Tables 1–2).
+
+Per standard split: the training rows are cut into a fit part (first 80 %, file order, as in Gal's
+``experiment.py``) and a validation part (last 20 %). Every grid candidate ``(p, τ)`` of the
+dataset folder is trained for every α at once (:mod:`models.uci_train`), standardised on the fit
+part; for each α the candidate with the highest validation log-likelihood (K_val MC samples) is
+kept. With ``refit`` (default) a net with the chosen ``(p, τ)`` is then retrained on the whole
+training split (standardised on it) and scored on the test rows with K_test samples; without it
+the selected grid net itself is scored (Gal's code does that). Metrics are in original target
+units: RMSE of the MC mean and the MC test log-likelihood
+(:func:`models.uci_train.gaussian_mc_log_likelihood`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from models.uci_data import Standardiser, UCIDataset
+from models.uci_train import (
+    GroupedDropoutNet,
+    evaluate_members,
+    prior_weight_decay,
+    train_members,
+)
+
+# Li & Gal (2017), Tables 1 and 2: test NLL (nats) and test RMSE at α = 0, 0.5, 1.
+PAPER_ALPHAS = (0.0, 0.5, 1.0)
+PAPER: dict[str, dict[str, tuple[float, float, float]]] = {
+    "bostonHousing": {"nll": (2.42, 2.38, 2.50), "rmse": (2.85, 2.97, 3.04)},
+    "concrete": {"nll": (2.98, 2.88, 2.96), "rmse": (4.92, 4.62, 4.76)},
+    "energy": {"nll": (1.75, 0.74, 0.81), "rmse": (1.02, 1.11, 1.10)},
+    "kin8nm": {"nll": (-0.83, -1.03, -1.10), "rmse": (0.09, 0.09, 0.08)},
+    "power-plant": {"nll": (2.79, 2.78, 2.76), "rmse": (4.04, 4.01, 3.98)},
+    "protein-tertiary-structure": {"nll": (2.87, 2.87, 2.86), "rmse": (4.28, 4.28, 4.23)},
+    "wine-quality-red": {"nll": (0.92, 0.92, 0.95), "rmse": (0.61, 0.62, 0.63)},
+    "yacht": {"nll": (1.38, 1.08, 1.15), "rmse": (0.76, 0.85, 0.88)},
+    "naval-propulsion-plant": {"nll": (-2.80, -2.80, -2.80), "rmse": (0.01, 0.01, 0.01)},
+}
+
+
+@dataclass(frozen=True)
+class UCIConfig:
+    """Protocol settings; ``None`` grid entries mean "the dataset folder's file"."""
+
+    alphas: tuple[float, ...] = PAPER_ALPHAS
+    k_train: int = 10
+    k_val: int = 100
+    k_test: int = 10_000
+    epochs: int | None = None
+    batch_size: int = 128
+    lr: float = 1e-2  # Adam; Gal's Keras code used 1e-3 with 10× the epochs (see docs/uci.md)
+    lengthscale: float = 1e-2
+    val_fraction: float = 0.2
+    refit: bool = True
+    dropout_rates: tuple[float, ...] | None = None
+    tau_values: tuple[float, ...] | None = None
+    hidden: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        checks = [
+            (len(self.alphas) > 0 and all(a >= 0 for a in self.alphas), "alphas must be ≥ 0"),
+            (len(set(self.alphas)) == len(self.alphas), "alphas must be distinct"),
+            (min(self.k_train, self.k_val, self.k_test) >= 1, "MC sample counts must be ≥ 1"),
+            (self.epochs is None or self.epochs >= 1, "epochs must be ≥ 1"),
+            (self.batch_size >= 1 and self.lr > 0, "need batch size ≥ 1 and lr > 0"),
+            (self.lengthscale > 0, "lengthscale must be > 0"),
+            (0 < self.val_fraction < 1, "val_fraction must be in (0, 1)"),
+            (self.hidden is None or self.hidden >= 1, "hidden must be ≥ 1"),
+            (
+                self.dropout_rates is None or all(0 <= p < 1 for p in self.dropout_rates),
+                "dropout rates must be in [0, 1)",
+            ),
+            (self.tau_values is None or all(t > 0 for t in self.tau_values), "taus must be > 0"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(f"{message}, got {self}")
+
+    def resolved(self, ds: UCIDataset) -> dict[str, Any]:
+        """The settings with the dataset's grid filled in (what a result file records)."""
+        out = asdict(self)
+        out["epochs"] = self.epochs or ds.grid.n_epochs
+        out["hidden"] = self.hidden or ds.grid.n_hidden
+        out["dropout_rates"] = list(self.dropout_rates or ds.grid.dropout_rates)
+        out["tau_values"] = list(self.tau_values or ds.grid.tau_values)
+        out["alphas"] = list(self.alphas)
+        return out
+
+
+@dataclass
+class _Fitted:
+    """A trained grouped net plus the standardiser and member hyper-parameters it used."""
+
+    net: GroupedDropoutNet
+    scaler: Standardiser
+    members: list[tuple[float, float, float]] = field(default_factory=list)  # (α, p, τ)
+
+
+def _fit(
+    x: np.ndarray,
+    y: np.ndarray,
+    members: list[tuple[float, float, float]],
+    settings: dict[str, Any],
+    generator: torch.Generator,
+    progress: bool,
+    desc: str,
+) -> _Fitted:
+    scaler = Standardiser.fit(x, y)
+    rates = [p for _, p, _ in members]
+    net = GroupedDropoutNet(x.shape[1], settings["hidden"], rates, generator=generator)
+    train_members(
+        net,
+        torch.as_tensor(scaler.transform_x(x), dtype=torch.float32),
+        torch.as_tensor(scaler.transform_y(y), dtype=torch.float32),
+        alphas=torch.tensor([a for a, _, _ in members]),
+        taus=torch.tensor([t * scaler.y_std**2 for _, _, t in members]),  # τ_n = τ·σ_y²
+        weight_decay=prior_weight_decay(rates, x.shape[0], settings["lengthscale"]),
+        epochs=settings["epochs"],
+        k=settings["k_train"],
+        batch_size=settings["batch_size"],
+        lr=settings["lr"],
+        generator=generator,
+        progress=progress,
+        desc=desc,
+    )
+    return _Fitted(net, scaler, members)
+
+
+def _score(fitted: _Fitted, x: np.ndarray, y: np.ndarray, k: int, generator: torch.Generator):
+    s = fitted.scaler
+    return evaluate_members(
+        fitted.net,
+        torch.as_tensor(s.transform_x(x), dtype=torch.float32),
+        y,
+        y_mean=s.y_mean,
+        y_std=s.y_std,
+        taus=[t for _, _, t in fitted.members],
+        k=k,
+        generator=generator,
+    )
+
+
+def run_split(
+    ds: UCIDataset, split: int, config: UCIConfig, *, progress: bool = False
+) -> list[dict[str, Any]]:
+    """Grid search, (re)fit and test on standard split ``split``; one result row per α."""
+    settings = config.resolved(ds)
+    start = time.perf_counter()
+    generator = torch.Generator().manual_seed(config.seed * 1_000_003 + split)
+    train_idx, test_idx = ds.split(split)
+    n_fit = round((1 - config.val_fraction) * train_idx.size)
+    if n_fit < 2 or n_fit >= train_idx.size:
+        raise ValueError(f"{ds.name}: split {split} has too few training rows ({train_idx.size})")
+    fit_idx, val_idx = train_idx[:n_fit], train_idx[n_fit:]
+    grid = [
+        (a, p, t)
+        for a in config.alphas
+        for p in settings["dropout_rates"]
+        for t in settings["tau_values"]
+    ]
+    search = _fit(
+        ds.x[fit_idx], ds.y[fit_idx], grid, settings, generator, progress, f"split {split} grid"
+    )
+    val = _score(search, ds.x[val_idx], ds.y[val_idx], config.k_val, generator)
+    chosen = []
+    for a in config.alphas:
+        cands = [i for i, m in enumerate(grid) if m[0] == a]
+        chosen.append(max(cands, key=lambda i: val["log_likelihood"][i]))
+    if config.refit:
+        final = _fit(
+            ds.x[train_idx],
+            ds.y[train_idx],
+            [grid[i] for i in chosen],
+            settings,
+            generator,
+            progress,
+            f"split {split} refit",
+        )
+    else:
+        final = _Fitted(search.net.select(chosen), search.scaler, [grid[i] for i in chosen])
+    test = _score(final, ds.x[test_idx], ds.y[test_idx], config.k_test, generator)
+    seconds = time.perf_counter() - start
+    rows = []
+    for j, i in enumerate(chosen):
+        alpha, p, tau = grid[i]
+        rows.append(
+            {
+                "dataset": ds.name,
+                "split": split,
+                "alpha": alpha,
+                "dropout": p,
+                "tau": tau,
+                "val_log_likelihood": float(val["log_likelihood"][i]),
+                "val_rmse": float(val["rmse"][i]),
+                "test_rmse": float(test["rmse"][j]),
+                "test_log_likelihood": float(test["log_likelihood"][j]),
+                "test_nll": -float(test["log_likelihood"][j]),
+                "n_train": int(train_idx.size),
+                "n_test": int(test_idx.size),
+                "seconds": round(seconds, 2),
+            }
+        )
+    return rows
+
+
+def mean_and_se(values: list[float]) -> tuple[float, float]:
+    """Mean and standard error ``s/√n`` (sample std, ``ddof=1``; NaN for n = 1)."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.size == 0:
+        raise ValueError("no values to summarise")
+    se = float(v.std(ddof=1) / math.sqrt(v.size)) if v.size > 1 else math.nan
+    return float(v.mean()), se
+
+
+def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per α: number of splits, mean ± SE of test RMSE and NLL, the paper's values and whether
+    ours lies within two of our standard errors of them (:func:`within_2se`)."""
+    out = []
+    for alpha in sorted({r["alpha"] for r in rows}):
+        sel = [r for r in rows if r["alpha"] == alpha]
+        rmse, rmse_se = mean_and_se([r["test_rmse"] for r in sel])
+        nll, nll_se = mean_and_se([r["test_nll"] for r in sel])
+        entry: dict[str, Any] = {
+            "dataset": sel[0]["dataset"],
+            "alpha": alpha,
+            "splits": len(sel),
+            "test_rmse": rmse,
+            "test_rmse_se": rmse_se,
+            "test_nll": nll,
+            "test_nll_se": nll_se,
+        }
+        paper = paper_values(sel[0]["dataset"], alpha)
+        if paper is not None:
+            entry["paper_nll"], entry["paper_rmse"] = paper
+            entry["nll_within_2se"] = within_2se(nll, nll_se, paper[0])
+            entry["rmse_within_2se"] = within_2se(rmse, rmse_se, paper[1])
+        out.append(entry)
+    return out
+
+
+def paper_values(dataset: str, alpha: float) -> tuple[float, float] | None:
+    """(NLL, RMSE) of Li & Gal's Tables 1–2 for the dataset folder name and α, if reported."""
+    if dataset not in PAPER or alpha not in PAPER_ALPHAS:
+        return None
+    j = PAPER_ALPHAS.index(alpha)
+    return PAPER[dataset]["nll"][j], PAPER[dataset]["rmse"][j]
+
+
+def within_2se(mean: float, se: float, reference: float, rounding: float = 0.005) -> bool | None:
+    """``|mean − reference| ≤ 2·se + rounding`` (None when the SE is undefined); ``rounding``
+    is half a unit of the paper's last printed digit (it reports two decimals)."""
+    if math.isnan(se):
+        return None
+    return bool(abs(mean - reference) <= 2 * se + rounding)

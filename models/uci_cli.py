@@ -1,0 +1,191 @@
+"""``bayesgate uci`` (run the UCI regression protocol) and ``bayesgate uci-table`` (compare).
+
+``uci`` writes, into ``--out`` (default ``runs/uci/<dataset>``), after every split:
+``results.csv`` (one row per split and α: chosen p and τ, validation and test metrics) and
+``summary.json`` (settings, and per α the mean ± standard error over splits beside the paper).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+SUMMARY_FILE = "summary.json"
+RESULTS_FILE = "results.csv"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "uci", help="BB-α dropout regression on a UCI benchmark (Li & Gal 2017, Tables 1–2)"
+    )
+    p.add_argument("--dataset", required=True, help="folder name under <data>/uci or an alias")
+    p.add_argument(
+        "--alpha",
+        type=float,
+        nargs="+",
+        default=[0.0, 0.5, 1.0],
+        help="α value(s), trained together (default: 0 0.5 1)",
+    )
+    p.add_argument("--splits", type=int, default=None, help="first N standard splits (default all)")
+    p.add_argument("--epochs", type=int, default=None, help="default: the folder's n_epochs.txt")
+    p.add_argument("--k-train", type=int, default=10, help="MC samples per training example")
+    p.add_argument("--k-val", type=int, default=100, help="MC samples for grid selection")
+    p.add_argument("--k-test", type=int, default=10_000, help="MC samples at test (Gal: 10000)")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--lr", type=float, default=1e-2, help="Adam learning rate")
+    p.add_argument("--lengthscale", type=float, default=1e-2, help="prior length-scale l")
+    p.add_argument("--dropout-rates", type=float, nargs="+", default=None, help="override grid")
+    p.add_argument("--tau-values", type=float, nargs="+", default=None, help="override grid")
+    p.add_argument("--hidden", type=int, default=None, help="default: the folder's n_hidden.txt")
+    p.add_argument(
+        "--no-refit",
+        action="store_true",
+        help="test the selected grid net (trained on 80%%) instead of retraining on the split",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    p.add_argument("--data-dir", type=Path, default=None, help="default $BAYESGATE_DATA_DIR")
+    p.add_argument("--out", type=Path, default=None, help="default runs/uci/<dataset>")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the splits already in --out (same settings required) and run the rest",
+    )
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_uci)
+
+    t = sub.add_parser("uci-table", help="markdown table of `bayesgate uci` results vs the paper")
+    t.add_argument("dirs", type=Path, nargs="+", help="folders searched for summary.json files")
+    t.add_argument("--csv", type=Path, default=None, help="also write the table as CSV")
+    t.set_defaults(func=cmd_uci_table)
+
+
+def cmd_uci(args: argparse.Namespace) -> int:
+    import torch
+
+    from models.uci import UCIConfig, run_split, summarise
+    from models.uci_data import load_uci
+
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be ≥ 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    config = UCIConfig(
+        alphas=tuple(args.alpha),
+        k_train=args.k_train,
+        k_val=args.k_val,
+        k_test=args.k_test,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        lengthscale=args.lengthscale,
+        refit=not args.no_refit,
+        dropout_rates=tuple(args.dropout_rates) if args.dropout_rates else None,
+        tau_values=tuple(args.tau_values) if args.tau_values else None,
+        hidden=args.hidden,
+        seed=args.seed,
+    )
+    ds = load_uci(args.dataset, args.data_dir)
+    n = ds.n_splits if args.splits is None else args.splits
+    if not 1 <= n <= ds.n_splits:
+        raise ValueError(f"--splits must be in [1, {ds.n_splits}] for {ds.name}, got {n}")
+    out = args.out or Path("runs") / "uci" / ds.name
+    out.mkdir(parents=True, exist_ok=True)
+    settings = config.resolved(ds)
+    print(
+        f"{ds.name}: {ds.x.shape[0]} rows, {ds.x.shape[1]} features, {n} splits, "
+        f"{settings['epochs']} epochs, grid {len(settings['dropout_rates'])} p × "
+        f"{len(settings['tau_values'])} τ × {len(config.alphas)} α → {out}",
+        file=sys.stderr,
+    )
+    rows = _previous_rows(out, settings) if args.resume else []
+    done = {r["split"] for r in rows}
+    bar = tqdm(range(n), desc=ds.name, disable=args.no_progress, file=sys.stderr)
+    for split in bar:
+        if split in done:
+            continue
+        rows += run_split(ds, split, config)
+        _write_results(out / RESULTS_FILE, rows)
+        summary = summarise(rows)
+        document = {"dataset": ds.name, "settings": settings, "summary": summary}
+        (out / SUMMARY_FILE).write_text(json.dumps(document, indent=2) + "\n")
+        bar.set_postfix(nll=" ".join(f"{s['test_nll']:.2f}" for s in summary))
+    print(format_table([{**e, "epochs": settings["epochs"]} for e in summarise(rows)]))
+    return 0
+
+
+def _previous_rows(out: Path, settings: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rows of an earlier run in ``out`` for ``--resume``; its settings must equal ours."""
+    if not (out / RESULTS_FILE).is_file() or not (out / SUMMARY_FILE).is_file():
+        return []
+    previous = json.loads((out / SUMMARY_FILE).read_text())["settings"]
+    differing = [k for k in settings if previous.get(k) != settings[k]]
+    if differing:
+        details = ", ".join(f"{k}: {previous.get(k)!r} → {settings[k]!r}" for k in differing)
+        raise ValueError(f"--resume: settings differ from the run in {out} ({details})")
+    with open(out / RESULTS_FILE, newline="") as f:
+        return [{k: _number(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def _number(text: str) -> int | float | str:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def cmd_uci_table(args: argparse.Namespace) -> int:
+    entries = []
+    for folder in args.dirs:
+        if not folder.exists():
+            raise FileNotFoundError(f"{folder} does not exist")
+        files = [folder] if folder.is_file() else sorted(folder.rglob(SUMMARY_FILE))
+        for path in files:
+            document = json.loads(path.read_text())
+            for entry in document["summary"]:
+                entries.append({**entry, "epochs": document["settings"]["epochs"]})
+    if not entries:
+        raise ValueError(f"no {SUMMARY_FILE} found under {', '.join(map(str, args.dirs))}")
+    print(format_table(entries))
+    if args.csv:
+        _write_results(args.csv, entries)
+    return 0
+
+
+def format_table(entries: list[dict[str, Any]]) -> str:
+    """Markdown: ours (mean ± SE) beside the paper for NLL and RMSE; ✓ = within 2 SE."""
+    lines = [
+        "| dataset | α | splits | epochs | NLL ours | NLL paper | | RMSE ours | RMSE paper | |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    mark = {True: "✓", False: "✗", None: "?"}
+    for e in entries:
+        digits = 2 if e["test_rmse"] >= 0.1 else 3 if e["test_rmse"] >= 0.01 else 4
+        lines.append(
+            f"| {e['dataset']} | {e['alpha']:g} | {e['splits']} | {e.get('epochs', '')} "
+            f"| {e['test_nll']:.2f} ± {e['test_nll_se']:.2f} | {_fmt(e.get('paper_nll'))} "
+            f"| {mark[e.get('nll_within_2se')]} "
+            f"| {e['test_rmse']:.{digits}f} ± {e['test_rmse_se']:.{digits}f} "
+            f"| {_fmt(e.get('paper_rmse'))} | {mark[e.get('rmse_within_2se')]} |"
+        )
+    return "\n".join(lines)
+
+
+def _fmt(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}"
+
+
+def _write_results(path: Path, rows: list[dict[str, Any]]) -> None:
+    fields = list(dict.fromkeys(key for row in rows for key in row))
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)

@@ -1,0 +1,356 @@
+"""UCI regression: loader, standardisation, BB-α grouped training, test log-likelihood, CLI."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bayesgate.cli import main
+from models.data import DataError
+from models.losses import alpha_energy, bbalpha_gaussian_loss
+from models.uci import mean_and_se, paper_values, within_2se
+from models.uci_data import Standardiser, UCIDataError, available_datasets, load_uci
+from models.uci_train import (
+    GroupedDropoutNet,
+    evaluate_members,
+    gaussian_mc_log_likelihood,
+    grouped_alpha_energy,
+    grouped_bbalpha_loss,
+    mc_forward,
+    prior_weight_decay,
+    train_members,
+)
+
+# --- a synthetic dataset folder in the UCI format ------------------------------------------
+
+
+def write_folder(
+    root: Path, name: str = "toy", n: int = 40, n_splits: int = 2, seed: int = 0
+) -> tuple[Path, np.ndarray]:
+    """``root/uci/name`` with 3 features, the target in column 1 (between features), index files
+    written as floats, and test rows shifted by +100 so statistics over all rows would differ."""
+    rng = np.random.default_rng(seed)
+    folder = root / "uci" / name
+    folder.mkdir(parents=True)
+    data = rng.normal(size=(n, 4)) * [1.0, 2.0, 3.0, 0.5] + [5.0, -1.0, 0.0, 2.0]
+    data[:, 1] = data[:, 0] - 0.5 * data[:, 2] + 0.1 * rng.normal(size=n)
+    n_test = n // 5
+    test_rows = {i: np.arange(i * n_test, (i + 1) * n_test) for i in range(n_splits)}
+    data[test_rows[0]] += 100.0
+    np.savetxt(folder / "data.txt", data)
+    (folder / "index_features.txt").write_text("0.0\n2.0\n3.0\n")
+    (folder / "index_target.txt").write_text("1.0\n")
+    (folder / "n_splits.txt").write_text(f"{n_splits}\n")
+    for i, test in test_rows.items():
+        train = rng.permutation(np.setdiff1d(np.arange(n), test))
+        np.savetxt(folder / f"index_train_{i}.txt", train, fmt="%.1f")
+        np.savetxt(folder / f"index_test_{i}.txt", test, fmt="%.1f")
+    (folder / "dropout_rates.txt").write_text("0.01\n0.1\n")
+    (folder / "tau_values.txt").write_text("5.0\n")
+    (folder / "n_hidden.txt").write_text("8\n")
+    (folder / "n_epochs.txt").write_text("3\n")
+    return folder, data
+
+
+# --- loader ---------------------------------------------------------------------------------
+
+
+def test_loader_reads_columns_and_splits(tmp_path: Path) -> None:
+    folder, data = write_folder(tmp_path)
+    ds = load_uci("toy", tmp_path)
+    np.testing.assert_array_equal(ds.x, data[:, [0, 2, 3]])
+    np.testing.assert_array_equal(ds.y, data[:, 1])
+    assert ds.n_splits == 2
+    assert ds.grid.dropout_rates == (0.01, 0.1) and ds.grid.tau_values == (5.0,)
+    assert (ds.grid.n_hidden, ds.grid.n_epochs) == (8, 3)
+    train, test = ds.split(1)
+    np.testing.assert_array_equal(train, np.loadtxt(folder / "index_train_1.txt").astype(int))
+    np.testing.assert_array_equal(test, np.arange(8, 16))
+    assert train.dtype == np.int64 and len(set(train) | set(test)) == 40
+
+
+def test_standardiser_uses_training_rows_only(tmp_path: Path) -> None:
+    write_folder(tmp_path)
+    ds = load_uci("toy", tmp_path)
+    train, test = ds.split(0)
+    s = Standardiser.fit(ds.x[train], ds.y[train])
+    x_train, x_test = ds.x[train], ds.x[test]
+    np.testing.assert_allclose(s.x_mean, x_train.mean(0))
+    np.testing.assert_allclose(s.x_std, x_train.std(0))
+    np.testing.assert_allclose(s.transform_x(x_train).mean(0), 0, atol=1e-12)
+    np.testing.assert_allclose(s.transform_x(x_train).std(0), 1)
+    # the shifted test rows are mapped with the training statistics: far from zero mean
+    np.testing.assert_allclose(s.transform_x(x_test), (x_test - x_train.mean(0)) / x_train.std(0))
+    assert s.transform_x(x_test).mean() > 10
+    assert s.y_mean == pytest.approx(ds.y[train].mean()) and s.y_std == pytest.approx(
+        ds.y[train].std()
+    )
+    np.testing.assert_allclose(s.inverse_y(s.transform_y(ds.y)), ds.y)
+
+
+def test_standardiser_constant_feature_keeps_scale_one() -> None:
+    x = np.array([[1.0, 3.0], [2.0, 3.0], [4.0, 3.0]])
+    s = Standardiser.fit(x, np.array([0.0, 1.0, 5.0]))
+    assert s.x_std[1] == 1.0
+    np.testing.assert_allclose(s.transform_x(x)[:, 1], 0.0)
+    with pytest.raises(ValueError, match="constant"):
+        Standardiser.fit(x, np.ones(3))
+
+
+def test_alias_and_unknown_name(tmp_path: Path) -> None:
+    write_folder(tmp_path, name="wine-quality-red")
+    write_folder(tmp_path, name="yacht")
+    assert load_uci("wine", tmp_path).name == "wine-quality-red"
+    assert available_datasets(tmp_path) == ["wine-quality-red", "yacht"]
+    with pytest.raises(UCIDataError, match=r"unknown UCI dataset 'nope'.*wine-quality-red, yacht"):
+        load_uci("nope", tmp_path)
+    assert issubclass(UCIDataError, DataError)
+
+
+@pytest.mark.parametrize(
+    ("file", "content", "message"),
+    [
+        ("index_target.txt", None, r"index_target\.txt is missing"),
+        ("index_features.txt", "0\n2.5\n", "whole numbers"),
+        ("index_features.txt", "0\n7\n", r"out of range \[0, 4\)"),
+        ("index_features.txt", "0\n0\n", "repeated column"),
+        ("index_target.txt", "2\n", "also a feature"),
+        ("index_test_1.txt", None, r"index_test_1\.txt is missing \(n_splits\.txt says 2"),
+        ("data.txt", "1 2 x\n3 4 5\n", "not a whitespace-separated table"),
+        ("n_splits.txt", "0\n", "one positive integer"),
+        ("dropout_rates.txt", "0.5\n1.5\n", r"numbers in \(0, 1\)"),
+    ],
+)
+def test_bad_files_give_clear_errors(
+    tmp_path: Path, file: str, content: str | None, message: str
+) -> None:
+    folder, _ = write_folder(tmp_path)
+    if content is None:
+        (folder / file).unlink()
+    else:
+        (folder / file).write_text(content)
+    with pytest.raises(UCIDataError, match=message):
+        load_uci("toy", tmp_path)
+
+
+def test_bad_split_files(tmp_path: Path) -> None:
+    folder, _ = write_folder(tmp_path)
+    (folder / "index_test_0.txt").write_text("0\n1\n40\n")
+    (folder / "index_test_1.txt").write_text("8\n9\n")
+    train = np.loadtxt(folder / "index_train_1.txt").astype(int)
+    (folder / "index_train_1.txt").write_text("\n".join(map(str, [*train, 8])) + "\n")
+    ds = load_uci("toy", tmp_path)
+    with pytest.raises(UCIDataError, match=r"index_test_0\.txt: row index out of range"):
+        ds.split(0)
+    with pytest.raises(UCIDataError, match="in both train and test"):
+        ds.split(1)
+    with pytest.raises(UCIDataError, match="split 2 out of range"):
+        ds.split(2)
+
+
+# --- metrics --------------------------------------------------------------------------------
+
+
+def brute_force_ll(samples: np.ndarray, y: float, tau: float) -> float:
+    """log of the mean Gaussian density over samples, summed term by term in float64."""
+    dens = [math.sqrt(tau / (2 * math.pi)) * math.exp(-0.5 * tau * (y - f) ** 2) for f in samples]
+    return math.log(sum(dens) / len(dens))
+
+
+def test_test_log_likelihood_matches_brute_force_with_unit_change() -> None:
+    rng = np.random.default_rng(1)
+    y_mean, y_std, tau = 20.0, 7.5, 0.08  # τ in original units
+    f_std = rng.normal(size=(5, 30))  # standardised MC samples, B×K
+    y = rng.normal(y_mean, y_std, size=5)
+    f = f_std * y_std + y_mean
+    got = gaussian_mc_log_likelihood(torch.tensor(f), torch.tensor(y), tau).numpy()
+    want = [brute_force_ll(f[n], y[n], tau) for n in range(5)]
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    # the same value from standardised units: τ_n = τσ², minus log σ (Jacobian)
+    standardised = gaussian_mc_log_likelihood(
+        torch.tensor(f_std), torch.tensor((y - y_mean) / y_std), tau * y_std**2
+    ).numpy()
+    np.testing.assert_allclose(standardised - math.log(y_std), want, rtol=1e-12)
+
+
+def test_evaluate_members_denormalises_and_scores_in_original_units() -> None:
+    g = torch.Generator().manual_seed(3)
+    net = GroupedDropoutNet(2, 6, [0.0, 0.2], generator=g)
+    x = torch.randn(9, 2, generator=g)
+    y = np.random.default_rng(2).normal(10.0, 4.0, size=9)
+    y_mean, y_std, taus = 10.0, 4.0, [0.5, 0.05]
+    got = evaluate_members(
+        net,
+        x,
+        y,
+        y_mean=y_mean,
+        y_std=y_std,
+        taus=taus,
+        k=7,
+        generator=torch.Generator().manual_seed(5),
+    )
+    with torch.no_grad():
+        samples = mc_forward(net, x, 7, torch.Generator().manual_seed(5))[..., 0].double().numpy()
+    f = samples * y_std + y_mean  # G×B×K in original units
+    for m in range(2):
+        ll = np.mean([brute_force_ll(f[m, n], y[n], taus[m]) for n in range(9)])
+        rmse = math.sqrt(np.mean((f[m].mean(1) - y) ** 2))
+        assert got["log_likelihood"][m] == pytest.approx(ll, rel=1e-9)
+        assert got["rmse"][m] == pytest.approx(rmse, rel=1e-9)
+    # p = 0: all K samples coincide with the plain forward, so LL is a single Gaussian
+    w1, b1, w2, b2 = (t[0].detach().double() for t in (net.w1, net.b1, net.w2, net.b2))
+    plain = (torch.relu(x.double() @ w1 + b1) @ w2 + b2).view(-1).numpy() * y_std + y_mean
+    gauss = 0.5 * math.log(taus[0] / (2 * math.pi)) - 0.5 * taus[0] * (y - plain) ** 2
+    assert got["log_likelihood"][0] == pytest.approx(gauss.mean(), rel=1e-5)
+
+
+def test_mean_se_and_paper_comparison() -> None:
+    mean, se = mean_and_se([1.0, 2.0, 4.0])
+    assert mean == pytest.approx(7 / 3)
+    assert se == pytest.approx(np.std([1.0, 2.0, 4.0], ddof=1) / math.sqrt(3))
+    assert math.isnan(mean_and_se([1.0])[1])
+    assert paper_values("bostonHousing", 0.5) == (2.38, 2.97)
+    assert paper_values("bostonHousing", 0.25) is None
+    assert within_2se(2.50, 0.05, 2.42) is True and within_2se(2.60, 0.05, 2.42) is False
+    assert within_2se(2.5, math.nan, 2.42) is None
+
+
+# --- model and loss -------------------------------------------------------------------------
+
+
+def test_grouped_loss_equals_bbalpha_gaussian_loss_per_member() -> None:
+    gen = torch.Generator().manual_seed(0)
+    pred = torch.randn(5, 7, 4, 1, generator=gen, dtype=torch.float64)
+    y = torch.randn(7, 1, generator=gen, dtype=torch.float64)
+    alphas = torch.tensor([0.0, 0.5, 1.0, 2.0, 0.0], dtype=torch.float64)
+    taus = torch.tensor([1.0, 2.0, 3.0, 0.5, 7.0], dtype=torch.float64)
+    got = grouped_bbalpha_loss(pred, y, alphas, taus)
+    for m in range(5):
+        want = bbalpha_gaussian_loss(pred[m], y, float(alphas[m]), float(taus[m]))
+        assert float(got[m]) == pytest.approx(float(want), rel=1e-12)
+    ll = torch.randn(3, 6, 5, generator=gen, dtype=torch.float64)
+    energies = grouped_alpha_energy(ll, torch.tensor([0.0, 1.0, 0.3], dtype=torch.float64))
+    for m, a in enumerate((0.0, 1.0, 0.3)):
+        torch.testing.assert_close(energies[m], alpha_energy(ll[m], a))
+    with pytest.raises(ValueError, match="alpha must be ≥ 0"):
+        grouped_alpha_energy(ll, torch.tensor([0.0, -1.0, 0.3], dtype=torch.float64))
+
+
+def test_dropout_rate_and_member_independence() -> None:
+    gen = torch.Generator().manual_seed(0)
+    net = GroupedDropoutNet(3, 4, [0.0, 0.3], generator=gen)
+    ones = torch.ones(2, 50_000, 3)
+    kept = net._mask(ones, gen)
+    assert float(kept[0].mean()) == 1.0
+    assert float(kept[1].mean()) == pytest.approx(0.7, abs=0.01)  # binomial SE ≈ 0.0012
+    # member 1's loss has no gradient on member 0's weights
+    out = mc_forward(net, torch.randn(5, 3, generator=gen), 3, gen)
+    out[1].sum().backward()
+    assert float(net.w1.grad[0].abs().sum()) == 0.0 and float(net.w1.grad[1].abs().sum()) > 0
+    picked = net.select([1])
+    assert picked.rates == [0.3]
+    torch.testing.assert_close(picked.w1[0], net.w1[1])
+    torch.testing.assert_close(
+        prior_weight_decay([0.0, 0.3], 50, 0.1), torch.tensor([0.01 / 100, 0.01 * 0.7 / 100])
+    )
+
+
+def test_training_fits_a_sine() -> None:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(300, 1, generator=gen) * 6 - 3
+    y = torch.sin(x[:, 0]) + 0.1 * torch.randn(300, generator=gen)
+    x_test = torch.linspace(-2.9, 2.9, 100).unsqueeze(1)
+    y_test = torch.sin(x_test[:, 0]).double().numpy()
+    y_mean, y_std = float(y.mean()), float(y.std(correction=0))
+    x_mean, x_std = x.mean(), x.std(correction=0)
+    net = GroupedDropoutNet(1, 50, [0.01, 0.01], generator=gen)
+    tau = 100.0  # noise std 0.1 in original units
+    train_members(
+        net,
+        (x - x_mean) / x_std,
+        (y - y_mean) / y_std,
+        alphas=torch.tensor([0.0, 0.5]),
+        taus=torch.full((2,), tau * y_std**2),
+        weight_decay=prior_weight_decay([0.01, 0.01], 300, 1e-2),
+        epochs=100,
+        batch_size=32,
+        generator=gen,
+    )
+    got = evaluate_members(
+        net, (x_test - x_mean) / x_std, y_test, y_mean=y_mean, y_std=y_std, taus=[tau, tau], k=50
+    )
+    assert y_std > 0.6
+    assert np.all(got["rmse"] < 0.15 * y_std), got["rmse"]
+    assert np.all(got["log_likelihood"] > 0.0), got["log_likelihood"]  # σ = 0.1 ⇒ log N up to 1.38
+
+
+# --- CLI ------------------------------------------------------------------------------------
+
+
+def test_cli_writes_results_and_summary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_folder(tmp_path / "data", name="toy", n=60)
+    monkeypatch.setenv("BAYESGATE_DATA_DIR", str(tmp_path / "data"))
+    out = tmp_path / "out"
+    args = ["uci", "--dataset", "toy", "--alpha", "0", "0.5", "--splits", "2", "--k-test", "20"]
+    assert main([*args, "--out", str(out), "--no-progress"]) == 0
+    with open(out / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["split"], r["alpha"]) for r in rows] == [
+        ("0", "0.0"),
+        ("0", "0.5"),
+        ("1", "0.0"),
+        ("1", "0.5"),
+    ]
+    assert all(r["dropout"] in {"0.01", "0.1"} and r["tau"] == "5.0" for r in rows)
+    assert {r["n_train"] for r in rows} == {"48"} and {r["n_test"] for r in rows} == {"12"}
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["settings"]["epochs"] == 3 and summary["settings"]["hidden"] == 8
+    for entry in summary["summary"]:
+        nll = [float(r["test_nll"]) for r in rows if float(r["alpha"]) == entry["alpha"]]
+        assert entry["splits"] == 2
+        assert entry["test_nll"] == pytest.approx(np.mean(nll))
+        assert entry["test_nll_se"] == pytest.approx(np.std(nll, ddof=1) / math.sqrt(2))
+    assert "| toy | 0.5 | 2 | 3 |" in capsys.readouterr().out
+    assert main(["uci-table", str(tmp_path / "out")]) == 0
+    assert "| toy | 0 | 2 | 3 |" in capsys.readouterr().out
+    # --resume keeps the finished splits (same numbers) and refuses changed settings
+    before = (out / "results.csv").read_text()
+    assert main([*args, "--out", str(out), "--no-progress", "--resume"]) == 0
+    assert (out / "results.csv").read_text() == before
+    assert main([*args, "--out", str(out), "--resume", "--epochs", "1"]) == 2
+    assert "settings differ" in capsys.readouterr().err
+
+
+def test_cli_no_refit_and_errors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_folder(tmp_path / "data", name="toy", n=60)
+    monkeypatch.setenv("BAYESGATE_DATA_DIR", str(tmp_path / "data"))
+    out = tmp_path / "out"
+    common = ["--splits", "1", "--epochs", "1", "--k-test", "5", "--no-progress"]
+    assert (
+        main(["uci", "--dataset", "toy", "--alpha", "1", "--no-refit", "--out", str(out), *common])
+        == 0
+    )
+    assert json.loads((out / "summary.json").read_text())["settings"]["refit"] is False
+    one_split = (out / "results.csv").read_text()
+    resume = ["--splits", "2", "--epochs", "1", "--k-test", "5", "--no-progress", "--resume"]
+    assert (
+        main(["uci", "--dataset", "toy", "--alpha", "1", "--no-refit", "--out", str(out), *resume])
+        == 0
+    )
+    both = (out / "results.csv").read_text()
+    assert both.startswith(one_split) and len(both.splitlines()) == 3
+    capsys.readouterr()
+    assert main(["uci", "--dataset", "housing", "--out", str(out), *common]) == 2
+    assert "unknown UCI dataset 'housing'" in capsys.readouterr().err
+    assert main(["uci", "--dataset", "toy", "--splits", "3", "--out", str(out)]) == 2
+    assert "--splits must be in [1, 2]" in capsys.readouterr().err
