@@ -126,9 +126,12 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = default)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     device = pick_device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     rows: list[dict[str, object]] = []
 

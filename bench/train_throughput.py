@@ -58,8 +58,11 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = default)")
     args = parser.parse_args()
     device = pick_device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     x = torch.rand(args.batch_size, 1, 28, 28, device=device)
     y = torch.randint(0, 10, (args.batch_size,), device=device)
