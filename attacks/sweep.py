@@ -1,0 +1,365 @@
+"""Sweeps reproducing Li & Gal (2017) Figures 6–7, and the detection table.
+
+- :func:`figure6` — untargeted FGS with step size ``η``: accuracy and mean predictive entropy of
+  the MC predictive on the attacked test images, per model, as ``η`` grows.
+- :func:`figure7` — targeted iterative FGS towards class 0 on the non-zero test digits: accuracy,
+  target-class rate and mean predictive entropy after each step ``t = 0…steps``.
+- :func:`detection` — AUROC / TPR at 5 % FPR / FPR at 95 % TPR of every score, successful
+  adversarial vs clean test images, per model and attack.
+
+Each returns result rows (dicts); :func:`write_csv` stores them.
+"""
+
+from __future__ import annotations
+
+import csv
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from attacks.calibrate import attack_record, scores_from_probs
+from attacks.run import mc_predictions, run_attack
+from attacks.specs import AttackSpec
+from models.mc import mc_predict
+from models.store import LoadedModel
+from models.uncertainty import mutual_information, predictive_entropy, predictive_mean
+
+FIGURE6_ETAS = tuple(round(0.05 * i, 2) for i in range(11))  # 0, 0.05, …, 0.5
+DETECTION_ATTACKS = (
+    "fgs:eta=0.1",
+    "fgs:eta=0.2",
+    "fgs:eta=0.3",
+    "targeted:steps=40,eta=0.01",
+    "pgd:eps=0.3,eps_iter=0.01,steps=40",
+    "cw:iterations=100,binary_steps=3,confidence=1",
+)
+
+
+def describe(loaded: LoadedModel) -> dict[str, Any]:
+    """Label and identity of a model: ``det`` for a deterministic net, else ``α=<alpha>``."""
+    card = loaded.card
+    arch = card.architecture
+    kind = "CNN" if arch.get("type") == "dropout_cnn" else "MLP"
+    alpha = card.training.get("alpha")
+    if card.stochastic:
+        label = f"{kind} α={alpha:g}" if alpha is not None else f"{kind} {card.name}"
+    else:
+        label = f"{kind} det"
+    return {
+        "model": label,
+        "name": card.name,
+        "alpha": alpha if card.stochastic else None,
+        "stochastic": card.stochastic,
+        "sha256": card.weights_sha256,
+    }
+
+
+def _log(progress: bool, message: str) -> None:
+    if progress:
+        print(message, file=sys.stderr, flush=True)
+
+
+def figure6(
+    models: Sequence[LoadedModel],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    etas: Sequence[float] = FIGURE6_ETAS,
+    k: int = 10,
+    k_eval: int = 10,
+    seed: int = 0,
+    batch_size: int = 100,
+    device: torch.device | str = "cpu",
+    progress: bool = False,
+) -> list[dict[str, Any]]:
+    """Rows ``(model, eta, accuracy, mean_entropy, mean_mi, success_rate)`` for untargeted FGS."""
+    rows = []
+    for loaded in models:
+        info = describe(loaded)
+        t0 = time.perf_counter()
+        clean_probs, clean_pred = mc_predictions(
+            loaded.network, x, k_eval, device=device, seed=seed
+        )
+        for eta in etas:
+            if eta == 0:
+                probs, pred, rate = clean_probs, clean_pred, 0.0
+            else:
+                out = run_attack(
+                    loaded.network,
+                    x,
+                    y,
+                    AttackSpec("fgs", {"eta": eta}),
+                    k=k,
+                    k_eval=k_eval,
+                    clean_pred=clean_pred,
+                    batch_size=batch_size,
+                    seed=seed,
+                    device=device,
+                    progress=progress,
+                )
+                probs, pred, rate = out.adv_probs, out.adv_pred, out.success_rate
+            rows.append(
+                {
+                    "model": info["model"],
+                    "eta": float(eta),
+                    "accuracy": float((pred == y).double().mean()),
+                    "mean_entropy": float(predictive_entropy(probs).double().mean()),
+                    "mean_mi": float(mutual_information(probs).double().mean()),
+                    "success_rate": rate,
+                    "images": int(x.shape[0]),
+                    "k": k,
+                    "k_eval": k_eval,
+                    "name": info["name"],
+                }
+            )
+        _log(progress, f"figure 6: {info['model']} done in {time.perf_counter() - t0:.0f} s")
+    return rows
+
+
+class _StepStats:
+    """Running sums per step of the targeted attack, filled by the step hook."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        y: torch.Tensor,
+        target: int,
+        k_eval: int,
+        steps: int,
+        seed: int,
+        device: torch.device,
+    ) -> None:
+        self.model, self.y, self.target, self.k_eval = model, y, target, k_eval
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.correct = np.zeros(steps + 1)
+        self.on_target = np.zeros(steps + 1)
+        self.entropy = np.zeros(steps + 1)
+        self.mi = np.zeros(steps + 1)
+
+    def __call__(self, t: int, x_t: torch.Tensor, rows: slice) -> None:
+        probs = mc_predict(self.model, x_t, self.k_eval, generator=self.generator).probs.cpu()
+        pred = predictive_mean(probs).argmax(dim=1)
+        self.correct[t] += float((pred == self.y[rows]).sum())
+        self.on_target[t] += float((pred == self.target).sum())
+        self.entropy[t] += float(predictive_entropy(probs).double().sum())
+        self.mi[t] += float(mutual_information(probs).double().sum())
+
+
+def figure7(
+    models: Sequence[LoadedModel],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    steps: int = 40,
+    eta: float = 0.01,
+    target: int = 0,
+    k: int = 10,
+    k_eval: int = 10,
+    seed: int = 0,
+    batch_size: int = 100,
+    device: torch.device | str = "cpu",
+    progress: bool = False,
+) -> list[dict[str, Any]]:
+    """Rows ``(model, step, accuracy, target_rate, mean_entropy, mean_mi)``, ``step = 0…steps``.
+
+    ``x, y`` should hold only images whose label is not ``target`` (the paper attacks the
+    non-zero digits towards 0); rates are over all of them.
+    """
+    if bool((y == target).any()):
+        raise ValueError(f"figure 7 attacks images of other classes than the target {target}")
+    device = torch.device(device)
+    rows = []
+    spec = AttackSpec("targeted", {"eta": eta, "steps": steps, "target": target})
+    for loaded in models:
+        info = describe(loaded)
+        t0 = time.perf_counter()
+        stats = _StepStats(loaded.network, y, target, k_eval, steps, seed, device)
+        run_attack(
+            loaded.network,
+            x,
+            y,
+            spec,
+            k=k,
+            k_eval=k_eval,
+            batch_size=batch_size,
+            seed=seed,
+            device=device,
+            progress=progress,
+            step_hook=stats,
+        )
+        n = x.shape[0]
+        for t in range(steps + 1):
+            rows.append(
+                {
+                    "model": info["model"],
+                    "step": t,
+                    "accuracy": stats.correct[t] / n,
+                    "target_rate": stats.on_target[t] / n,
+                    "mean_entropy": stats.entropy[t] / n,
+                    "mean_mi": stats.mi[t] / n,
+                    "images": n,
+                    "eta": eta,
+                    "k": k,
+                    "k_eval": k_eval,
+                    "name": info["name"],
+                }
+            )
+        _log(progress, f"figure 7: {info['model']} done in {time.perf_counter() - t0:.0f} s")
+    return rows
+
+
+def detection(
+    models: Sequence[LoadedModel],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    attacks: Sequence[str] = DETECTION_ATTACKS,
+    k: int = 10,
+    k_eval: int = 100,
+    cw_limit: int | None = 100,
+    seed: int = 0,
+    batch_size: int = 100,
+    device: torch.device | str = "cpu",
+    progress: bool = False,
+    roc_dir: Path | None = None,
+) -> list[dict[str, Any]]:
+    """One row per (model, attack, score): AUROC, TPR at 5 % FPR, FPR at 95 % TPR, success rate.
+
+    Negatives are all clean images of ``x``; positives the successful adversarial examples.
+    Deterministic models get predictive-entropy rows only (their MI and variation ratio are 0). CW
+    attacks only the first ``cw_limit`` images (it is slow). With ``roc_dir``, an ROC plot per
+    model is written there as ``detection_roc_<name>.png``.
+    """
+    from attacks.plots import roc_plot
+
+    specs = [AttackSpec.parse(a) for a in attacks]
+    rows = []
+    for loaded in models:
+        info = describe(loaded)
+        t0 = time.perf_counter()
+        probs, pred = mc_predictions(loaded.network, x, k_eval, device=device, seed=seed)
+        clean = scores_from_probs(probs)
+        # K identical passes: MI and variation ratio are 0 up to round-off, ranking them is noise
+        kept = tuple(clean) if info["stochastic"] else ("predictive_entropy",)
+        adversarial = []
+        for spec in specs:
+            n = cw_limit if spec.name == "cw" and cw_limit else x.shape[0]
+            out = run_attack(
+                loaded.network,
+                x[:n],
+                y[:n],
+                spec,
+                k=k,
+                k_eval=k_eval,
+                clean_pred=pred[:n],
+                batch_size=batch_size,
+                seed=seed,
+                device=device,
+                progress=progress,
+            )
+            record, adv = attack_record(out, clean, None, "predictive_entropy")
+            adversarial.append((spec, adv))
+            for score, m in record["scores"].items():
+                if score not in kept:
+                    continue
+                rows.append(
+                    {
+                        "model": info["model"],
+                        "attack": spec.label,
+                        "score": score,
+                        "auroc": m["auroc"],
+                        "tpr_at_5fpr": m["tpr_at_5fpr"],
+                        "fpr_at_95tpr": m["fpr_at_95tpr"],
+                        "success_rate": record["success_rate"],
+                        "successful": record["successful"],
+                        "eligible": record["eligible"],
+                        "attacked_images": n,
+                        "clean_images": int(x.shape[0]),
+                        "clean_accuracy": float((pred == y).double().mean()),
+                        "adversarial_accuracy": record["adversarial_accuracy"],
+                        "mean_clean": m["mean_clean"],
+                        "mean_adversarial": m["mean_adversarial"],
+                        "mean_linf": record["mean_linf_success"],
+                        "mean_l2": record["mean_l2_success"],
+                        "k": k,
+                        "k_eval": k_eval,
+                        "attack_key": spec.key,
+                        "name": info["name"],
+                    }
+                )
+            _log(
+                progress,
+                f"detection: {info['model']} {spec.label} "
+                f"AUROC(H)={record['scores']['predictive_entropy']['auroc']}",
+            )
+        if roc_dir is not None:
+            roc_plot(
+                clean,
+                adversarial,
+                Path(roc_dir) / f"detection_roc_{info['name']}.png",
+                scores=kept,
+                title=f"{info['model']} ({info['name']}): successful adversarial vs clean",
+            )
+        _log(progress, f"detection: {info['model']} done in {time.perf_counter() - t0:.0f} s")
+    return rows
+
+
+def detection_table(
+    rows: Sequence[dict[str, Any]],
+    scores: Sequence[str] = ("predictive_entropy", "mutual_information"),
+) -> str:
+    """Markdown table, one line per (attack, model): success rate, number of successful
+    examples (the positives), then AUROC and TPR at 5 % FPR of each score (``–`` where a model
+    has no such score, e.g. the MI of a deterministic net)."""
+    short = {"predictive_entropy": "H", "mutual_information": "MI", "variation_ratio": "VR"}
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    attacks = list(dict.fromkeys(r["attack"] for r in rows))
+    index = {(r["model"], r["attack"], r["score"]): r for r in rows}
+    header = ["attack", "model", "success", "n adv"]
+    header += [f"AUROC {short.get(s, s)}" for s in scores]
+    header += [f"TPR@5%FPR {short.get(s, s)}" for s in scores]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+
+    def num(v: Any) -> str:
+        return "n/a" if v is None else f"{v:.3f}"
+
+    for attack in attacks:
+        for model in models:
+            found = [index.get((model, attack, s)) for s in scores]
+            first = next((r for r in found if r is not None), None)
+            if first is None:
+                continue
+            rate = first["success_rate"]
+            cells = [attack, model, "n/a" if rate is None else f"{rate:.0%}"]
+            cells.append(str(first["successful"]))
+            cells += ["–" if r is None else num(r["auroc"]) for r in found]
+            cells += ["–" if r is None else num(r["tpr_at_5fpr"]) for r in found]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_csv(rows: Sequence[dict[str, Any]], path: Path | str) -> Path:
+    """Rows to CSV (columns of the first row; floats with 6 significant digits)."""
+    if not rows:
+        raise ValueError("no rows to write")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: _cell(v) for k, v in row.items()})
+    return path
+
+
+def _cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return value

@@ -1,0 +1,133 @@
+"""Attack specs, batched runs with success verdicts, and the .npz output."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from attacks_testnets import LinearNet
+
+from attacks.run import NO_TARGET, choose_targets, run_attack
+from attacks.specs import DEFAULT_ATTACKS, AttackSpec, parse_attacks
+
+
+def test_spec_parse_fills_defaults_and_round_trips() -> None:
+    spec = AttackSpec.parse("targeted:steps=5,target=0")
+    assert spec.params == {"eta": 0.01, "steps": 5, "target": 0}
+    assert spec.targeted and spec.label == "targeted 5×η=0.01 →0"
+    assert AttackSpec.parse(spec.key) == spec
+    assert AttackSpec.parse("fgs").params == {"eta": 0.2}
+    assert AttackSpec.parse(" pgd : eps=0.3 ").label == "PGD ε=0.3"
+    assert [s.name for s in parse_attacks(DEFAULT_ATTACKS)] == ["fgs"] * 3 + ["targeted"]
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("fgm:eta=0.1", "unknown attack"),
+        ("fgs:steps=3", "no parameter"),
+        ("targeted:steps=2.5", "steps must be int"),
+        ("fgs:eta=abc", "eta must be float"),
+        ("fgs:eta", "key=value"),
+        ("fgs:eta=1.5", r"\[0, 1\]"),
+        ("pgd:eps=0.1,eps_iter=0.2", "eps_iter"),
+        ("targeted:target=first", "class index or 'random'"),
+    ],
+)
+def test_bad_specs(text: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        AttackSpec.parse(text)
+
+
+def test_duplicate_specs_rejected() -> None:
+    with pytest.raises(ValueError, match="twice"):
+        parse_attacks(["fgs:eta=0.2", "fgs"])
+
+
+def test_random_targets_differ_from_labels_and_are_seeded() -> None:
+    labels = torch.arange(10).repeat(50)
+    t = choose_targets(labels, "random", 10, seed=3)
+    assert bool((t != labels).all()) and set(t.tolist()) == set(range(10))
+    assert torch.equal(t, choose_targets(labels, "random", 10, seed=3))
+    assert torch.equal(choose_targets(labels, 4, 10, seed=0), torch.full_like(labels, 4))
+    with pytest.raises(ValueError, match="out of range"):
+        choose_targets(labels, 12, 10, seed=0)
+
+
+def _data(net: LinearNet, n: int = 40) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    x = torch.rand(n, 1, 4, 4, generator=torch.Generator().manual_seed(5))
+    pred = net(x).argmax(1)
+    y = pred.clone()
+    y[::3] = (pred[::3] + 1) % 3  # every third image is misclassified when clean
+    return x, y, pred
+
+
+def test_untargeted_verdicts_follow_the_definition(linear_net: LinearNet) -> None:
+    x, y, pred = _data(linear_net)
+    out = run_attack(
+        linear_net, x, y, AttackSpec("fgs", {"eta": 0.15}), k=1, k_eval=1, batch_size=7
+    )
+    adv_pred = linear_net(out.x_adv).argmax(1)
+    assert torch.equal(out.clean_pred, pred) and torch.equal(out.adv_pred, adv_pred)
+    assert torch.equal(out.eligible, pred == y)
+    assert torch.equal(out.success, (pred == y) & (adv_pred != y))
+    assert bool((out.target == NO_TARGET).all())
+    assert out.success_rate == float(out.success.sum()) / float((pred == y).sum())
+    assert out.adversarial_accuracy == float((adv_pred == y).double().mean())
+    assert 0 < int(out.success.sum()) < int(out.eligible.sum()) + 1
+    # batching does not change an input-wise deterministic attack
+    whole = run_attack(
+        linear_net, x, y, AttackSpec("fgs", {"eta": 0.15}), k=1, k_eval=1, batch_size=100
+    )
+    assert torch.equal(whole.x_adv, out.x_adv)
+    torch.testing.assert_close(out.linf, (out.x_adv - x).flatten(1).abs().amax(1))
+
+
+def test_targeted_verdicts(linear_net: LinearNet) -> None:
+    x, y, pred = _data(linear_net)
+    spec = AttackSpec("targeted", {"eta": 0.05, "steps": 10, "target": 2})
+    out = run_attack(linear_net, x, y, spec, k=1, k_eval=1, batch_size=16)
+    adv_pred = linear_net(out.x_adv).argmax(1)
+    assert bool((out.target == 2).all())
+    assert torch.equal(out.eligible, (pred == y) & (y != 2))
+    assert torch.equal(out.success, out.eligible & (adv_pred == 2))
+    assert int(out.success.sum()) > 0
+
+
+def test_step_hook_sees_every_step_of_every_batch(linear_net: LinearNet) -> None:
+    x, y, _ = _data(linear_net, n=10)
+    calls: list[tuple[int, int, int]] = []
+    spec = AttackSpec("targeted", {"steps": 3, "target": 0})
+    run_attack(
+        linear_net,
+        x,
+        y,
+        spec,
+        k=1,
+        k_eval=1,
+        batch_size=4,
+        step_hook=lambda t, xt, rows: calls.append((t, rows.start, xt.shape[0])),
+    )
+    assert calls == [(t, s, n) for s, n in ((0, 4), (4, 4), (8, 2)) for t in range(4)]
+
+
+def test_npz_loads_without_pickle(linear_net: LinearNet, tmp_path: Path) -> None:
+    x, y, _ = _data(linear_net, n=12)
+    out = run_attack(linear_net, x, y, AttackSpec("fgs", {"eta": 0.3}), k=1, k_eval=1)
+    path = out.save_npz(tmp_path / "adv.npz", x)
+    with np.load(path, allow_pickle=False) as data:
+        assert data["x_adv"].shape == (12, 1, 4, 4) and data["x_adv"].dtype == np.float32
+        np.testing.assert_array_equal(data["success"], out.success.numpy())
+        np.testing.assert_array_equal(data["labels"], y.numpy())
+        np.testing.assert_array_equal(data["x_clean"], x.numpy())
+        meta = json.loads(str(data["meta"]))
+    assert (
+        meta["attack"] == "fgs:eta=0.3"
+        and meta["method"] == "fgs"
+        and meta["successful"] == int(out.success.sum())
+    )
+    with pytest.raises(ValueError, match=r"\.npz"):
+        out.save_npz(tmp_path / "adv.npy")
