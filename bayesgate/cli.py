@@ -42,7 +42,6 @@ def build_parser() -> argparse.ArgumentParser:
 def user_errors() -> tuple[type[BaseException], ...]:
     """Exception types that mean 'the input is wrong', gathered from the packages."""
     from models.data import DataError
-
     from models.store import ModelStoreError
 
     return (UserError, DataError, ModelStoreError, ValueError, FileNotFoundError)
