@@ -7,22 +7,48 @@ import json
 import sys
 from pathlib import Path
 
+import torch
+
+from models.bayes_layers import SAMPLING_MODES
 from models.device import DEVICE_CHOICES, pick_device
 from models.networks import build_network, preset_architecture, preset_names
 from models.store import ModelCard, load_model, save_model, write_card
-from models.train import OPTIMIZERS, TrainConfig, train
+from models.train import LOSSES, OPTIMIZERS, TrainConfig, train
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="train a dropout network on MNIST with the BB-α loss")
+    p = sub.add_parser(
+        "train", help="train a dropout or Bayes-by-Backprop network on MNIST (BB-α or ELBO)"
+    )
     p.add_argument(
         "--preset",
         default="mlp-2x100",
-        choices=preset_names(),
-        help="network preset (default %(default)s)",
+        choices=preset_names(bbb=True),
+        help="network preset (default %(default)s); bbb-* = Bayes-by-Backprop CNNs",
     )
     p.add_argument(
-        "--alpha", type=float, default=0.5, help="BB-α α; 0 = MC-dropout VI (default %(default)s)"
+        "--alpha",
+        type=float,
+        default=None,
+        help="BB-α α; 0 = VI (default 0.5 for --loss bbalpha, 0 for --loss elbo)",
+    )
+    p.add_argument(
+        "--loss",
+        choices=LOSSES,
+        default="bbalpha",
+        help="bbalpha, or elbo (= α 0; for bbb-* presets NLL·N + β·KL) (default %(default)s)",
+    )
+    p.add_argument(
+        "--beta-schedule",
+        default="blundell",
+        help="bbb-* only: KL weight per minibatch, blundell (2^(M-i)/(2^M-1)), uniform (1/M) "
+        "or a constant number (default %(default)s)",
+    )
+    p.add_argument(
+        "--sampling",
+        choices=SAMPLING_MODES,
+        default=None,
+        help="bbb-* only: local reparameterisation or weight sampling (default: the preset's)",
     )
     p.add_argument(
         "--k-train",
@@ -31,6 +57,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="MC samples per training example (default %(default)s)",
     )
     p.add_argument("--epochs", type=int, default=10)
+    p.add_argument(
+        "--k-val", type=int, default=10, help="MC samples of the per-epoch validation (default 10)"
+    )
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="adam")
     p.add_argument("--lr", type=float, default=1e-3)
@@ -73,8 +102,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     from models.data import load_mnist, mnist_fingerprint
 
+    alpha = _resolve_alpha(args.loss, args.alpha)
     config = TrainConfig(
-        alpha=args.alpha,
+        alpha=alpha,
         k_train=args.k_train,
         epochs=args.epochs,
         batch_size=args.batch_size,
@@ -83,15 +113,23 @@ def cmd_train(args: argparse.Namespace) -> int:
         weight_decay=args.weight_decay,
         seed=args.seed,
         patience=args.patience,
+        k_val=args.k_val,
+        loss=args.loss,
+        beta_schedule=args.beta_schedule,
     )
     device = pick_device(args.device)
     arch = preset_architecture(args.preset, p=args.p)
-    name = args.name or (
-        f"{args.preset}" if not arch["stochastic"] else f"{args.preset}-alpha{args.alpha:g}"
-    )
+    bbb = "sampling" in arch  # a Bayes-by-Backprop preset
+    if args.sampling is not None:
+        if not bbb:
+            raise ValueError(f"--sampling applies to the bbb-* presets only, not {args.preset}")
+        arch["sampling"] = args.sampling
+    suffix = "elbo" if args.loss == "elbo" else f"alpha{alpha:g}"
+    name = args.name or (f"{args.preset}" if not arch["stochastic"] else f"{args.preset}-{suffix}")
     out = args.out or Path("runs") / name
     train_data = load_mnist("train", val_size=args.val_size, limit=args.limit)
     val_data = load_mnist("val", val_size=args.val_size) if args.val_size else None
+    torch.manual_seed(args.seed)  # the initial weights, too, follow --seed
     model = build_network(arch)
     print(f"training {name} on {train_data[0].shape[0]} images, device {device}", file=sys.stderr)
     result = train(
@@ -123,6 +161,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         },
         metrics={"val": result.val_metrics},
     )
+    if bbb:  # the service adds Kwon et al.'s aleatoric/epistemic split for these models
+        card.inference["variance_decomposition"] = "kwon"
     save_model(model, card, out)
     print(json.dumps({"model": str(out), "val": result.val_metrics}, indent=2))
     return 0
@@ -130,23 +170,27 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from models.data import load_mnist
-    from models.evaluate import evaluate
+    from models.evaluate import collect_mc, metrics_from_mc
+    from models.uncertainty import kwon_uncertainty
 
     device = pick_device(args.device)
     loaded = load_model(args.model, device)
     x, y = load_mnist(
         args.split, val_size=loaded.card.training.get("val_size", 10_000), limit=args.limit
     )
-    metrics = evaluate(
+    probs, log_probs = collect_mc(
         loaded.network,
         x,
-        y,
-        k=args.k,
+        args.k,
         device=device,
         batch_size=args.batch_size,
         seed=args.seed,
         progress=not args.no_progress,
     )
+    metrics = metrics_from_mc(probs, log_probs, y.cpu())  # = models.evaluate.evaluate
+    aleatoric, epistemic = kwon_uncertainty(probs)
+    metrics["mean_kwon_aleatoric"] = float(aleatoric.double().mean())
+    metrics["mean_kwon_epistemic"] = float(epistemic.double().mean())
     report = {
         "model": loaded.card.name,
         "split": args.split,
@@ -162,3 +206,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         loaded.card.metrics[args.split] = {"k": args.k, "images": int(x.shape[0]), **metrics}
         write_card(loaded.card, args.model)
     return 0
+
+
+def _resolve_alpha(loss: str, alpha: float | None) -> float:
+    """α of the run: 0 for the ELBO (another explicit α is a contradiction), else 0.5 default."""
+    if loss == "elbo":
+        if alpha not in (None, 0.0):
+            raise ValueError(f"--loss elbo is BB-α with α = 0; drop --alpha {alpha:g}")
+        return 0.0
+    return 0.5 if alpha is None else alpha

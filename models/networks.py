@@ -10,6 +10,7 @@ Architectures are described by plain dicts (stored in the model card) and rebuil
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 from collections.abc import Sequence
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from models.bayes_networks import BAYES_NETWORK_TYPES, BAYES_PRESETS
 from models.layers import MCDropout
 
 MNIST_SHAPE = (1, 28, 28)
@@ -96,7 +98,11 @@ class DropoutCNN(nn.Module):
         return self.head(self.trunk(x))
 
 
-NETWORK_TYPES: dict[str, type[nn.Module]] = {"dropout_mlp": DropoutMLP, "dropout_cnn": DropoutCNN}
+NETWORK_TYPES: dict[str, type[nn.Module]] = {
+    "dropout_mlp": DropoutMLP,
+    "dropout_cnn": DropoutCNN,
+    **BAYES_NETWORK_TYPES,  # Bayes-by-Backprop CNNs (models.bayes_networks)
+}
 
 PRESETS: dict[str, dict[str, Any]] = {
     "mlp-3x1000": {"type": "dropout_mlp", "hidden": [1000, 1000, 1000], "p": 0.5},
@@ -108,9 +114,11 @@ PRESETS: dict[str, dict[str, Any]] = {
 DETERMINISTIC_SUFFIX = "-det"
 
 
-def preset_names() -> list[str]:
-    """All preset names, including the deterministic (``-det``) baselines."""
-    return [n for base in PRESETS for n in (base, base + DETERMINISTIC_SUFFIX)]
+def preset_names(*, bbb: bool = False) -> list[str]:
+    """All dropout preset names, including the deterministic (``-det``) baselines; with
+    ``bbb=True`` also the Bayes-by-Backprop presets (which have no ``-det`` form)."""
+    names = [n for base in PRESETS for n in (base, base + DETERMINISTIC_SUFFIX)]
+    return names + list(BAYES_PRESETS) if bbb else names
 
 
 def preset_architecture(name: str, p: float | None = None) -> dict[str, Any]:
@@ -119,11 +127,18 @@ def preset_architecture(name: str, p: float | None = None) -> dict[str, Any]:
     A deterministic baseline is the same network trained by maximum likelihood (K=1, dropout as a
     regulariser) and evaluated with dropout off.
     """
+    if name in BAYES_PRESETS:
+        if p is not None:
+            raise ValueError(f"preset {name!r} has no dropout: a dropout rate p does not apply")
+        arch = {**copy.deepcopy(BAYES_PRESETS[name]), "preset": name, "stochastic": True}
+        return {**arch, "in_shape": list(MNIST_SHAPE), "classes": 10}
     base, det = name, False
     if name.endswith(DETERMINISTIC_SUFFIX):
         base, det = name[: -len(DETERMINISTIC_SUFFIX)], True
     if base not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(preset_names())}")
+        raise ValueError(
+            f"unknown preset {name!r}; choose one of {', '.join(preset_names(bbb=True))}"
+        )
     arch = {**PRESETS[base], "preset": name, "stochastic": not det}
     if p is not None:
         arch["p"] = p

@@ -3,6 +3,12 @@
 Objective per minibatch: ``mean_n L_n(α) + λ·Σ_i ‖W_i‖²`` with the K passes vectorised by
 :func:`models.mc.mc_logits` (trunk once, head on ``K·B`` rows). Deterministic baselines are
 trained by maximum likelihood (K = 1, dropout as a regulariser).
+
+Bayes-by-Backprop networks (any network holding :class:`models.bayes_layers.BayesLayer`) are
+trained instead on ``mean_n L_n(α) + β_i·KL[q ‖ p]/N``
+(:func:`models.bayes_losses.bbb_bbalpha_loss`; α = 0 is the ELBO) with β_i from ``beta_schedule``
+for minibatch i of the epoch; the prior takes the place of the L2 term, so ``weight_decay`` is not
+applied to them.
 """
 
 from __future__ import annotations
@@ -18,11 +24,14 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from models.bayes_layers import has_bayes_layers, kl_divergence
+from models.bayes_losses import bbb_bbalpha_loss, beta_weight, parse_beta_schedule
 from models.evaluate import evaluate
 from models.losses import bbalpha_softmax_loss, l2_penalty
 from models.mc import mc_logits
 
 OPTIMIZERS = ("adam", "sgd")
+LOSSES = ("bbalpha", "elbo")  # "elbo" = BB-α with α = 0 (MC-dropout VI / Bayes by Backprop)
 
 
 @dataclass
@@ -39,8 +48,15 @@ class TrainConfig:
     seed: int = 0
     patience: int = 0  # early stopping on validation log-likelihood; 0 = off
     k_val: int = 10
+    loss: str = "bbalpha"
+    beta_schedule: str = "blundell"  # KL weight schedule of BBB networks (models.bayes_losses)
 
     def __post_init__(self) -> None:
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
+        if self.loss == "elbo" and self.alpha != 0:
+            raise ValueError(f"the ELBO is the α = 0 limit of BB-α; got alpha={self.alpha}")
+        parse_beta_schedule(self.beta_schedule)
         checks = [
             (self.alpha >= 0, f"alpha must be ≥ 0, got {self.alpha}"),
             (self.k_train >= 1, f"k-train must be ≥ 1, got {self.k_train}"),
@@ -53,6 +69,7 @@ class TrainConfig:
             (self.lr > 0, f"learning rate must be > 0, got {self.lr}"),
             (self.weight_decay >= 0, f"weight decay must be ≥ 0, got {self.weight_decay}"),
             (self.patience >= 0, f"patience must be ≥ 0, got {self.patience}"),
+            (self.k_val >= 1, f"k-val must be ≥ 1, got {self.k_val}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -89,6 +106,7 @@ def train(
     torch.manual_seed(config.seed)
     model.to(device)
     k = config.k_train if getattr(model, "stochastic", True) else 1
+    bayesian = has_bayes_layers(model)
     optimizer = _make_optimizer(model, config)
     x_train, y_train = train_data
     n = x_train.shape[0]
@@ -106,16 +124,22 @@ def train(
             leave=False,
         )
         total, seen, t0 = 0.0, 0, time.perf_counter()
-        for i in bar:
+        for step, i in enumerate(bar, start=1):
             idx = order[i : i + config.batch_size]
             xb, yb = (
                 x_train[idx].to(device, non_blocking=True),
                 y_train[idx].to(device, non_blocking=True),
             )
-            loss = bbalpha_softmax_loss(mc_logits(model, xb, k), yb, config.alpha)
-            objective = (
-                loss + config.weight_decay * l2_penalty(model) if config.weight_decay else loss
-            )
+            logits = mc_logits(model, xb, k)
+            if bayesian:
+                beta = beta_weight(config.beta_schedule, step, math.ceil(n / config.batch_size))
+                loss = bbb_bbalpha_loss(logits, yb, kl_divergence(model), n, beta, config.alpha)
+                objective = loss
+            else:
+                loss = bbalpha_softmax_loss(logits, yb, config.alpha)
+                objective = (
+                    loss + config.weight_decay * l2_penalty(model) if config.weight_decay else loss
+                )
             optimizer.zero_grad(set_to_none=True)
             objective.backward()
             optimizer.step()

@@ -58,6 +58,17 @@ def kwon_variance(probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return aleatoric, epistemic
 
 
+def kwon_uncertainty(probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scalar aleatoric and epistemic uncertainty of Kwon et al. (2020), each ``B``: the traces
+    ``Σ_c`` of the diagonals of :func:`kwon_variance`,
+
+    aleatoric ``Σ_c (p̄_c − (1/K) Σ_k p_kc²)``, epistemic ``Σ_c (1/K) Σ_k (p_kc − p̄_c)²``;
+    their sum is ``1 − Σ_c p̄_c²`` (the total predictive variance's trace).
+    """
+    aleatoric, epistemic = kwon_variance(probs)
+    return aleatoric.sum(dim=-1), epistemic.sum(dim=-1)
+
+
 def mc_log_likelihood(log_probs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """``log p̄(y|x) = logsumexp_k(log p_k(y|x)) − log K`` for int64 labels ``y`` (``B``)."""
     _check(log_probs)
