@@ -40,11 +40,19 @@ DETECTION_ATTACKS = (
 )
 
 
+_KINDS = {
+    "dropout_mlp": "MLP",
+    "dropout_cnn": "CNN",
+    "bbb_lenet5": "BBB LeNet-5",
+    "bbb_alexnet": "BBB AlexNet",
+}
+
+
 def describe(loaded: LoadedModel) -> dict[str, Any]:
     """Label and identity of a model: ``det`` for a deterministic net, else ``α=<alpha>``."""
     card = loaded.card
     arch = card.architecture
-    kind = "CNN" if arch.get("type") == "dropout_cnn" else "MLP"
+    kind = _KINDS.get(arch.get("type", ""), str(arch.get("type", "net")))
     alpha = card.training.get("alpha")
     if card.stochastic:
         label = f"{kind} α={alpha:g}" if alpha is not None else f"{kind} {card.name}"

@@ -1,0 +1,30 @@
+"""Sweep labels name the network family and how it was trained."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from attacks.sweep import describe
+from models.networks import build_network, preset_architecture
+from models.store import ModelCard, load_model, save_model
+
+
+@pytest.mark.parametrize(
+    ("preset", "alpha", "label"),
+    [
+        ("mlp-2x32", 0.5, "MLP α=0.5"),
+        ("mlp-2x32-det", 0.5, "MLP det"),
+        ("cnn", 1.0, "CNN α=1"),
+        ("bbb-lenet5", 0.0, "BBB LeNet-5 α=0"),
+    ],
+)
+def test_describe_labels_each_family(tmp_path: Path, preset: str, alpha: float, label: str) -> None:
+    arch = preset_architecture(preset)
+    card = ModelCard(name=preset, architecture=arch, training={"alpha": alpha})
+    save_model(build_network(arch), card, tmp_path)
+    described = describe(load_model(tmp_path))
+    assert described["model"] == label
+    assert described["stochastic"] is arch["stochastic"]
+    assert described["alpha"] == (alpha if arch["stochastic"] else None)
