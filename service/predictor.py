@@ -55,6 +55,7 @@ def summarise(
         score = uncertainty.score(probs, calibration.score)
     labels = mean.argmax(dim=-1).tolist()
     entropy, mutual, ratio = (measures[name].tolist() for name in measures)
+    aleatoric, epistemic = (v.tolist() for v in uncertainty.kwon_uncertainty(probs))
     scores = score.tolist()
     threshold = calibration.threshold
     means = mean.tolist()
@@ -68,6 +69,8 @@ def summarise(
                 "predictive_entropy": entropy[b],
                 "mutual_information": mutual[b],
                 "variation_ratio": ratio[b],
+                "aleatoric_variance": aleatoric[b],
+                "epistemic_variance": epistemic[b],
                 "score_name": calibration.score,
                 "score": scores[b],
                 "threshold": threshold,

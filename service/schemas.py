@@ -42,6 +42,12 @@ class InstancePrediction(BaseModel):
     predictive_entropy: float = Field(description="H[p̄] = −Σ_c p̄_c log p̄_c (nats)")
     mutual_information: float = Field(description="H[p̄] − (1/K) Σ_k H[p_k] (nats)")
     variation_ratio: float = Field(description="1 − f_mode/K")
+    aleatoric_variance: float = Field(
+        description="Kwon et al.: Σ_c (p̄_c − (1/K) Σ_k p_kc²), the expected per-pass variance"
+    )
+    epistemic_variance: float = Field(
+        description="Kwon et al.: Σ_c (1/K) Σ_k (p_kc − p̄_c)², the spread between passes"
+    )
     score_name: str = Field(description="the calibrated score used for the flag")
     score: float
     threshold: float

@@ -111,6 +111,11 @@ async def test_uncertainty_fields_match_float64_formulas_over_the_samples(
         assert pred["predictive_entropy"] == pytest.approx(entropy, abs=1e-5)
         assert pred["mutual_information"] == pytest.approx(max(entropy - expected, 0), abs=1e-5)
         assert pred["variation_ratio"] == pytest.approx(1 - votes.max() / 20, abs=1e-6)
+        # Kwon et al.: traces of diag(p̄) − mean p pᵀ and mean (p − p̄)(p − p̄)ᵀ
+        aleatoric = np.trace(np.diag(mean) - np.mean([np.outer(r, r) for r in p], axis=0))
+        epistemic = np.trace(np.mean([np.outer(r - mean, r - mean) for r in p], axis=0))
+        assert pred["aleatoric_variance"] == pytest.approx(aleatoric, abs=1e-6)
+        assert pred["epistemic_variance"] == pytest.approx(epistemic, abs=1e-6)
         assert pred["score_name"] == calibration["score"] == "mutual_information"
         assert pred["score"] == pred["mutual_information"]
         assert pred["threshold"] == calibration["thresholds"]["mutual_information"]
