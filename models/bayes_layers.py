@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.layers import _MC_STATE
+from models.layers import mc_state
 
 SAMPLING_MODES = ("local", "weights")
 PRIOR_KINDS = ("gaussian", "scale_mixture")
@@ -179,7 +179,7 @@ class BayesLayer(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        sampling, generator, _ = _MC_STATE.get()
+        sampling, generator = mc_state()
         if not (self.training or sampling):
             return self._linear_map(x, self.weight_mu, self.bias_mu)
         w_sigma = F.softplus(self.weight_rho)

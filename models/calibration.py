@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from models.store import CALIBRATION_FILE, ModelStoreError, _atomic_write
+from models.store import CALIBRATION_FILE, ModelStoreError, _atomic_write, read_json_object
 from models.uncertainty import SCORES
 
 CALIBRATION_FORMAT = "bayesgate-calibration/1"
@@ -73,13 +73,12 @@ def write_calibration(calibration: Calibration, directory: Path | str) -> Path:
 def read_calibration(directory: Path | str, weights_sha256: str | None = None) -> Calibration:
     """Read and validate ``calibration.json``; with ``weights_sha256``, check it belongs to them."""
     path = Path(directory) / CALIBRATION_FILE
-    if not path.is_file():
-        raise ModelStoreError(f"{path}: calibration not found (run `bayesgate calibrate MODEL`)")
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelStoreError(f"{path}: not valid JSON ({exc})") from exc
-    if not isinstance(data, dict) or data.get("format") != CALIBRATION_FORMAT:
+    data = read_json_object(
+        path,
+        "calibration not found (run `bayesgate calibrate MODEL`)",
+        f"a {CALIBRATION_FORMAT} file",
+    )
+    if data.get("format") != CALIBRATION_FORMAT:
         raise ModelStoreError(f"{path}: not a {CALIBRATION_FORMAT} file")
     known = set(Calibration.__dataclass_fields__)
     try:

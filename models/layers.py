@@ -40,6 +40,13 @@ def mc_sampling(
         _MC_STATE.reset(token)
 
 
+def mc_state() -> tuple[bool, torch.Generator | None]:
+    """``(sampling, generator)`` of the innermost :func:`mc_sampling` block, for stochastic
+    layers other than :class:`MCDropout` (e.g. the Bayes-by-Backprop layers)."""
+    sampling, generator, _ = _MC_STATE.get()
+    return sampling, generator
+
+
 class MCDropout(nn.Module):
     """Inverted dropout ``x ⊙ z / (1−p)``, ``z_i ~ Bernoulli(1−p)`` independently per element.
 

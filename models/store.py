@@ -132,17 +132,29 @@ def save_model(network: nn.Module, card: ModelCard, directory: Path | str) -> Mo
     return card
 
 
-def read_card(directory: Path | str) -> ModelCard:
-    """Parse and check ``card.json`` of a model directory."""
-    path = Path(directory) / CARD_FILE
+def read_json_object(path: Path, missing: str, kind: str) -> dict[str, Any]:
+    """The JSON object in ``path``; ``ModelStoreError`` naming the file otherwise.
+
+    ``missing`` completes the message when the file does not exist; ``kind`` names what the
+    file should be (e.g. "a model card").
+    """
     if not path.is_file():
-        raise ModelStoreError(f"{path}: model card not found (is {directory} a model directory?)")
+        raise ModelStoreError(f"{path}: {missing}")
     try:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ModelStoreError(f"{path}: not valid JSON ({exc})") from exc
     if not isinstance(data, dict):
-        raise ModelStoreError(f"{path}: expected a JSON object")
+        raise ModelStoreError(f"{path}: not {kind} (expected a JSON object)")
+    return data
+
+
+def read_card(directory: Path | str) -> ModelCard:
+    """Parse and check ``card.json`` of a model directory."""
+    path = Path(directory) / CARD_FILE
+    data = read_json_object(
+        path, f"model card not found (is {directory} a model directory?)", "a model card"
+    )
     return ModelCard.from_dict(data, source=str(path))
 
 
