@@ -117,6 +117,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         loss=args.loss,
         beta_schedule=args.beta_schedule,
     )
+    if args.patience and not args.val_size:
+        raise ValueError("--patience needs validation data: early stopping watches the validation "
+                         "log-likelihood, and --val-size 0 holds none out")  # fmt: skip
     device = pick_device(args.device)
     arch = preset_architecture(args.preset, p=args.p)
     bbb = "sampling" in arch  # a Bayes-by-Backprop preset
