@@ -2,9 +2,9 @@
 and docker-compose.yml give it, probed with the health check they both use until ready, then
 stopped with SIGTERM as ``docker stop`` does.
 
-Local adjustments, and only these: the model directory (the bundled default model, or a tiny one
-when that is missing), a free port on 127.0.0.1 instead of 0.0.0.0:8000, one CPU thread, and
-``/opt/venv/bin`` / files the image copies mapped to this checkout.
+Local adjustments, and only these: the model directory (the bundled default model), a free port
+on 127.0.0.1 instead of 0.0.0.0:8000, one CPU thread, and ``/opt/venv/bin`` / files the image
+copies mapped to this checkout.
 """
 
 from __future__ import annotations

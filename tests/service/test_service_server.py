@@ -6,9 +6,7 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from serve_process import bayesgate_command, free_port
 
 import models
 from bayesgate.cli import main
@@ -29,17 +28,6 @@ from service.loading import load_serving_model
 from service.settings import ENV_PREFIX, Settings
 
 BUNDLED = Path(models.__file__).parent / "pretrained" / "bayesgate-default"
-
-
-def bayesgate_command() -> list[str]:
-    script = Path(sys.executable).parent / "bayesgate"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "bayesgate.cli"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serve_env(model_dir: Path) -> dict[str, str]:
