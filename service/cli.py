@@ -19,9 +19,16 @@ import argparse
 import os
 import shutil
 import signal
+import sys
 import tempfile
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
+    from service.settings import Settings
 
 ENV_PREFIX = "BAYESGATE_"  # = service.settings.ENV_PREFIX (not imported: keeps --help fast)
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # = service.metrics.MULTIPROC_ENV (must not be
@@ -51,6 +58,26 @@ def register(sub: argparse._SubParsersAction) -> None:
         help=f"model directory (default {ENV_PREFIX}MODEL_DIR or the bundled default model)",
     )
     p.add_argument("--device", default=None, help="auto, cpu or cuda (default auto)")
+    ray = p.add_argument_group(
+        "Ray Serve",
+        f"replicas, GPUs and autoscaling come from {ENV_PREFIX}RAY_* variables (docs/ray.md); "
+        "needs the `ray` extra",
+    )
+    ray.add_argument(
+        "--ray",
+        action="store_true",
+        help="run as a Ray Serve application (a local Ray instance unless --address is given)",
+    )
+    ray.add_argument(
+        "--address",
+        default=None,
+        help="with --ray: a running cluster (auto, HOST:6379 or ray://HOST:10001)",
+    )
+    ray.add_argument(
+        "--detach",
+        action="store_true",
+        help="with --ray --address: deploy, leave the application running and return",
+    )
     p.set_defaults(func=cmd_serve)
 
 
@@ -74,10 +101,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         settings = settings_from_env(**overrides)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ENV_PREFIX + "_".join(str(p) for p in first["loc"]).upper()
-        got = "" if "KEY" in field else f" (got {first.get('input')!r})"  # never echo a secret
-        raise ValueError(f"setting {field}: {first['msg']}{got}") from None
+        raise setting_error(exc, ENV_PREFIX) from None
+    if (args.address or args.detach) and not args.ray:
+        raise ValueError("--address and --detach only apply with --ray")
+    if args.ray and settings.workers > 1:
+        raise ValueError(
+            "--workers does not apply with --ray: set BAYESGATE_RAY_NUM_REPLICAS instead"
+        )
     try:
         settings.admin_key()  # an unreadable or short key file: one line, before anything starts
         pick_device(settings.device)
@@ -88,6 +118,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     for name, value in overrides.items():
         if value is not None:
             os.environ[ENV_PREFIX + name.upper()] = str(value)
+    if args.ray:
+        return _serve_on_ray(settings, args.address, args.detach)
     own_runtime_dir = _prepare_shared_dirs(settings.workers, settings.runtime_dir)
     # uvicorn re-raises the SIGTERM it handled once it has shut down gracefully: exit 0 then
     # (the default action would kill the process with status -15).
@@ -108,6 +140,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if own_runtime_dir is not None:
             shutil.rmtree(own_runtime_dir, ignore_errors=True)
     return 0
+
+
+def _serve_on_ray(settings: Settings, address: str | None, detach: bool) -> int:
+    from pydantic import ValidationError
+
+    try:
+        from service.ray_run import DeployFailed, run_on_ray
+    except ImportError as exc:
+        raise ValueError(
+            f"--ray needs Ray Serve ({exc.name} is not installed): pip install 'bayesgate[ray]'"
+        ) from None
+    try:
+        return run_on_ray(settings, address, detach)
+    except ValidationError as exc:
+        raise setting_error(exc, ENV_PREFIX + "RAY_") from None
+    except DeployFailed as exc:
+        print(f"bayesgate: error: {exc}", file=sys.stderr)
+        return 3
+
+
+def setting_error(exc: ValidationError, prefix: str) -> ValueError:
+    """The first problem of a settings validation error, named by its environment variable."""
+    first = exc.errors()[0]
+    field = prefix + "_".join(str(p) for p in first["loc"]).upper()
+    got = "" if "KEY" in field else f" (got {first.get('input')!r})"  # never echo a secret
+    return ValueError(f"setting {field}: {first['msg']}{got}")
 
 
 def _exit_cleanly(signum: int, frame: FrameType | None) -> None:

@@ -61,9 +61,14 @@ class Server:
 
 
 def start_server(
-    model_dir: Path, log_dir: Path, ready_timeout: float = 90, **settings: object
+    model_dir: Path,
+    log_dir: Path,
+    ready_timeout: float = 90,
+    args: tuple[str, ...] = (),
+    **settings: object,
 ) -> Server:
-    """Start ``bayesgate serve`` with ``BAYESGATE_<NAME>`` = each setting; wait for ``/readyz``."""
+    """Start ``bayesgate serve [args]`` with ``BAYESGATE_<NAME>`` = each setting; wait for
+    ``/readyz``."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BAYESGATE_", "PROMETHEUS_"))}
     env.update(
@@ -77,7 +82,7 @@ def start_server(
     log_path = log_dir / f"server-{port}.log"
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(
-            [*bayesgate_command(), "serve", "--host", "127.0.0.1", "--port", str(port)],
+            [*bayesgate_command(), "serve", "--host", "127.0.0.1", "--port", str(port), *args],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=log_file,

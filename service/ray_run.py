@@ -1,0 +1,125 @@
+"""``bayesgate serve --ray``: deploy the service onto a Ray cluster and run it in the foreground.
+
+Without ``--address`` a single-node Ray instance is started on this machine (and stopped at
+exit); with ``--address`` (``auto``, ``HOST:6379`` or ``ray://HOST:10001``) the application is
+deployed onto that running cluster. Either way the command waits until every replica has loaded
+the model and run its warm-up batch, logs the URL, and serves until SIGINT/SIGTERM, then deletes
+the application (Ray drains each replica's in-flight requests). ``--detach`` leaves the
+application running on the cluster and returns at once (remove it with
+``serve delete bayesgate`` or ``serve shutdown``).
+
+The replicas get this process's ``BAYESGATE_*`` variables (after the CLI flags are applied) as
+their ``runtime_env`` env vars, so they see exactly the settings checked here. On a local
+instance with several replicas a shared runtime directory is created, as for
+``bayesgate serve --workers N``, so an admin change made through one replica reaches all.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import tempfile
+import threading
+from pathlib import Path
+from types import FrameType
+
+from service.logs import configure_logging
+from service.ray_settings import (
+    RaySettings,
+    check_settings,
+    deployment_options,
+    describe_options,
+    resolve_num_gpus,
+)
+from service.settings import ENV_PREFIX, Settings
+
+log = logging.getLogger("bayesgate.ray")
+
+PROXY_TIMEOUT_MARGIN_S = 5.0  # the proxy's timeout sits above the app's own 504 deadline
+
+
+class DeployFailed(RuntimeError):
+    """The application did not reach RUNNING (a replica failed to start)."""
+
+
+def replica_env(
+    local: bool, settings: Settings, ray_settings: RaySettings
+) -> tuple[dict[str, str], Path | None]:
+    """The ``BAYESGATE_*`` env vars for the replicas, and a runtime dir this call created."""
+    env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIX)}
+    created = None
+    several = ray_settings.num_replicas == "auto" or ray_settings.num_replicas > 1
+    if local and several and settings.runtime_dir is None:
+        created = Path(tempfile.mkdtemp(prefix="bayesgate-ray-"))
+        env[ENV_PREFIX + "RUNTIME_DIR"] = str(created)
+    return env, created
+
+
+def run_on_ray(settings: Settings, address: str | None, detach: bool) -> int:
+    """Deploy and (unless ``detach``) serve until a signal; returns the exit code."""
+    import ray
+    from ray import serve
+
+    from service.ray_app import build_application
+
+    configure_logging(settings.log_level, settings.log_format)
+    ray_settings = RaySettings()
+    local = address is None
+    if detach and local:
+        raise ValueError("--detach needs --address: a local Ray instance ends with this command")
+    check_settings(settings, ray_settings)
+    env, runtime_dir = replica_env(local, settings, ray_settings)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    try:
+        ray.init(
+            address="local" if local else address,
+            runtime_env={"env_vars": env},
+            include_dashboard=False if local else None,
+            configure_logging=True,
+        )
+        cluster_gpus = float(ray.cluster_resources().get("GPU", 0.0))
+        app = build_application(settings, ray_settings, cluster_gpus=cluster_gpus)
+        num_gpus = resolve_num_gpus(settings, ray_settings, cluster_gpus)
+        replicas = describe_options(deployment_options(settings, ray_settings, num_gpus))
+        serve.start(
+            http_options={
+                "host": settings.host,
+                "port": settings.port,
+                "request_timeout_s": settings.request_timeout_s + PROXY_TIMEOUT_MARGIN_S,
+            }
+        )
+        try:
+            serve.run(app, name=ray_settings.app_name, route_prefix="/")
+        except RuntimeError as exc:
+            raise DeployFailed(f"deployment failed: {exc}") from exc
+        log.info(
+            "ready on Ray: http://%s:%d/ (application %s, %s); %s",
+            settings.host,
+            settings.port,
+            ray_settings.app_name,
+            replicas,
+            "detached" if detach else "SIGINT/SIGTERM stops",
+        )
+        if detach:
+            return 0
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        while not stop.wait(1.0):
+            pass
+        log.info("stopping: deleting application %s (draining replicas)", ray_settings.app_name)
+        serve.delete(ray_settings.app_name)
+        return 0
+    finally:
+        if local and ray.is_initialized():
+            serve.shutdown()
+            ray.shutdown()
+        elif ray.is_initialized():
+            ray.shutdown()  # disconnects this driver; a detached application keeps running
+        if runtime_dir is not None:
+            shutil.rmtree(runtime_dir, ignore_errors=True)

@@ -1,0 +1,229 @@
+"""Ray Serve deployment: options from the settings, the application builder and its YAML config,
+the replica header, and the CLI's refusals — all without starting Ray (the live cluster test is
+``test_service_ray_live.py``)."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from pydantic import ValidationError
+from ray.serve import Application
+from ray.serve.schema import ServeDeploySchema
+
+import service.ray_app as ray_app
+from bayesgate.cli import main
+from service.ray_app import REPLICA_HEADER, app_builder, build_application, create_replica_app
+from service.ray_settings import (
+    DEPLOYMENT_NAME,
+    RaySettings,
+    deployment_options,
+    describe_options,
+    resolve_num_gpus,
+)
+from service.settings import Settings
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SERVE_CONFIG = REPO_ROOT / "deploy" / "ray-serve.yaml"
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("BAYESGATE_") and name != "BAYESGATE_DATA_DIR":
+            monkeypatch.delenv(name)
+
+
+def options(settings: dict[str, Any] | None = None, **ray: Any) -> dict[str, Any]:
+    s = Settings(**(settings or {}))
+    r = RaySettings(**ray)
+    return deployment_options(s, r, resolve_num_gpus(s, r, cluster_gpus=0))
+
+
+def test_default_options_admit_two_batches_per_replica() -> None:
+    got = options({"max_batch_size": 16, "drain_timeout_s": 7})
+    assert got == {
+        "name": DEPLOYMENT_NAME,
+        "num_replicas": 1,
+        "max_ongoing_requests": 32,
+        "ray_actor_options": {"num_cpus": 1.0, "num_gpus": 0.0},
+        "health_check_period_s": 10.0,
+        "graceful_shutdown_timeout_s": 7.0,
+    }
+    assert describe_options(got) == ("1 replica(s), 0 GPU each, at most 32 ongoing requests each")
+
+
+def test_admission_is_capped_by_the_worker_queue() -> None:
+    assert options({"max_batch_size": 64, "queue_capacity": 100})["max_ongoing_requests"] == 100
+
+
+@pytest.mark.parametrize(
+    ("settings", "ray", "message"),
+    [
+        ({"max_batch_size": 32}, {"max_ongoing_requests": 32}, "must exceed max_batch_size"),
+        ({"max_batch_size": 32, "queue_capacity": 32}, {}, "must exceed max_batch_size"),
+        ({"max_batch_size": 16, "queue_capacity": 50}, {"max_ongoing_requests": 51}, "exceeds"),
+        ({}, {"num_replicas": "auto", "min_replicas": 3, "max_replicas": 2}, "min_replicas"),
+        ({}, {"num_replicas": 0}, "num_replicas must be ≥ 1"),
+        ({"device": "cpu"}, {"num_gpus": 1}, "GPU would sit idle"),
+        ({"device": "cuda"}, {}, "needs a GPU per replica"),
+    ],
+)
+def test_clashing_settings_are_refused_by_name(
+    settings: dict[str, Any], ray: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        options(settings, **ray)
+
+
+def test_without_batching_one_request_per_replica_is_allowed() -> None:
+    got = options({"max_batch_size": 1}, max_ongoing_requests=1)
+    assert got["max_ongoing_requests"] == 1
+
+
+def test_auto_replicas_autoscale_around_one_full_batch_per_replica() -> None:
+    got = options({"max_batch_size": 24}, num_replicas="auto", min_replicas=2, max_replicas=6)
+    assert "num_replicas" not in got
+    assert got["autoscaling_config"] == {
+        "min_replicas": 2,
+        "max_replicas": 6,
+        "target_ongoing_requests": 24.0,
+        "upscale_delay_s": 10.0,
+        "downscale_delay_s": 120.0,
+    }
+    assert got["max_ongoing_requests"] == 48 > got["autoscaling_config"]["target_ongoing_requests"]
+    assert describe_options(got).startswith("autoscaling 2–6 replicas")
+
+
+@pytest.mark.parametrize(
+    ("device", "num_gpus", "cluster_gpus", "expected"),
+    [
+        ("auto", None, 0, 0.0),  # CPU-only cluster
+        ("auto", None, 4, 1.0),  # a GPU each when there are GPUs
+        ("cpu", None, 4, 0.0),  # the device setting wins
+        ("auto", 0.5, 4, 0.5),  # fractions: two replicas per GPU
+        ("cuda", 0.25, 0, 0.25),  # explicit, even if this driver sees no GPU yet
+    ],
+)
+def test_gpus_per_replica(
+    device: str, num_gpus: float | None, cluster_gpus: float, expected: float
+) -> None:
+    s, r = Settings(device=device), RaySettings(num_gpus=num_gpus)
+    assert resolve_num_gpus(s, r, cluster_gpus) == expected
+
+
+def test_ray_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BAYESGATE_RAY_NUM_REPLICAS", "auto")
+    monkeypatch.setenv("BAYESGATE_RAY_NUM_GPUS", "0.5")
+    r = RaySettings()
+    assert (r.num_replicas, r.num_gpus) == ("auto", 0.5)
+    monkeypatch.setenv("BAYESGATE_RAY_NUM_REPLICAS", "3")
+    assert RaySettings().num_replicas == 3
+    monkeypatch.setenv("BAYESGATE_RAY_NUM_REPLICAS", "many")
+    with pytest.raises(ValidationError):
+        RaySettings()
+
+
+def test_build_application_returns_a_serve_application() -> None:
+    app = build_application(Settings(), RaySettings(num_replicas=2), cluster_gpus=0)
+    assert isinstance(app, Application)
+
+
+def test_serve_config_is_valid_and_its_args_reach_the_builder(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """deploy/ray-serve.yaml passes Ray's own schema, its import path is the builder, and the
+    builder turns its args into the deployment options they say."""
+    config = yaml.safe_load(SERVE_CONFIG.read_text())
+    ServeDeploySchema.model_validate(config)
+    [application] = config["applications"]
+    module, _, name = application["import_path"].partition(":")
+    assert getattr(importlib.import_module(module), name) is app_builder
+    assert application["route_prefix"] == "/"  # every route at the same path as bayesgate serve
+
+    seen: dict[str, Any] = {}
+
+    def capture(settings: Settings, ray: RaySettings, **kwargs: Any) -> str:
+        seen.update(settings=settings, ray=ray, **kwargs)
+        return "application"
+
+    monkeypatch.setattr(ray_app, "build_application", capture)
+    assert app_builder(application["args"]) == "application"
+    settings, ray = seen["settings"], seen["ray"]
+    assert settings.max_batch_size == 64 and settings.max_queue_delay_ms == 5
+    assert seen["overrides"]["max_batch_size"] == 64  # replicas get the same overrides
+    got = deployment_options(settings, ray, resolve_num_gpus(settings, ray, cluster_gpus=8))
+    assert got["ray_actor_options"] == {"num_cpus": 1.0, "num_gpus": 0.5}
+    assert got["max_ongoing_requests"] == 128
+    assert got["autoscaling_config"]["max_replicas"] == 8
+    assert got["autoscaling_config"]["target_ongoing_requests"] == 64
+    # the proxy's timeout sits above the app's own deadline, so clients get the app's 504
+    assert config["http_options"]["request_timeout_s"] > settings.request_timeout_s
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"max_batch": 8}, "unknown BayesGate application args: max_batch"),
+        ({"ray_replicas": 2}, "unknown BayesGate application args: ray_replicas"),
+        ({"max_batch_size": 0}, "invalid BayesGate application args"),
+        ({"ray_num_replicas": "lots"}, "invalid BayesGate application args"),
+        ({"max_batch_size": 64, "ray_max_ongoing_requests": 64}, "must exceed max_batch_size"),
+    ],
+)
+def test_app_builder_refuses_bad_args(args: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        app_builder(args)
+
+
+@pytest.mark.anyio
+async def test_replica_app_names_the_replica_and_leaves_request_ids_to_the_proxy(
+    make_settings: Any,
+) -> None:
+    app = create_replica_app(make_settings(), "replica-7")
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            ready = await client.get("/readyz", headers={"X-Request-ID": "abc"})
+            missing = await client.get("/v1/models/nope")
+    assert ready.status_code == 200
+    assert ready.headers[REPLICA_HEADER] == "replica-7"
+    assert "x-request-id" not in ready.headers  # Ray's proxy adds exactly one
+    assert missing.status_code == 404 and missing.headers[REPLICA_HEADER] == "replica-7"
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["serve", "--address", "auto"], {}, "--address and --detach only apply with --ray"),
+        (["serve", "--ray", "--workers", "2"], {}, "set BAYESGATE_RAY_NUM_REPLICAS instead"),
+        (["serve", "--ray", "--detach"], {}, "--detach needs --address"),
+        (["serve", "--ray"], {"BAYESGATE_RAY_NUM_REPLICAS": "lots"}, "BAYESGATE_RAY_NUM_REPLICAS"),
+        (
+            ["serve", "--ray"],
+            {"BAYESGATE_MAX_BATCH_SIZE": "64", "BAYESGATE_RAY_MAX_ONGOING_REQUESTS": "10"},
+            "must exceed max_batch_size",
+        ),
+    ],
+)
+def test_serve_ray_refuses_bad_combinations_before_starting_ray(
+    argv: list[str],
+    env: dict[str, str],
+    message: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import ray
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bayesgate: error: ") and message in err
+    assert not ray.is_initialized()
