@@ -1,6 +1,6 @@
 """Open Inference Protocol (KServe v2 / Triton HTTP) tensors: request decoding, response encoding.
 
-The served model has one input and six outputs (``B`` = batch, ``C`` = classes; per instance
+The served model has one input and eight outputs (``B`` = batch, ``C`` = classes; per instance
 ``b`` with MC samples ``p_k``, the quantities of :mod:`service.predictor`):
 
 - ``input`` FP32 ``[-1, *card input shape]`` (``[-1, 1, 28, 28]``), values in the card's range;
@@ -9,6 +9,10 @@ The served model has one input and six outputs (``B`` = batch, ``C`` = classes; 
 - ``predictive_entropy`` FP32 ``[-1]``: ``H[p̄] = −Σ_c p̄_c log p̄_c``;
 - ``mutual_information`` FP32 ``[-1]``: ``H[p̄] − (1/K) Σ_k H[p_k]``;
 - ``variation_ratio`` FP32 ``[-1]``: ``1 − f_mode/K``;
+- ``aleatoric_variance`` FP32 ``[-1]``: Kwon et al.'s aleatoric part,
+  ``tr(diag(p̄) − (1/K) Σ_k p_k p_kᵀ) = 1 − (1/K) Σ_k ‖p_k‖²``;
+- ``epistemic_variance`` FP32 ``[-1]``: Kwon et al.'s epistemic part,
+  ``tr((1/K) Σ_k (p_k − p̄)(p_k − p̄)ᵀ) = (1/K) Σ_k ‖p_k‖² − ‖p̄‖²`` (the two sum to ``1 − ‖p̄‖²``);
 - ``adversarial`` BOOL ``[-1]``: ``score > threshold``.
 
 Request (JSON only; the binary tensor extension is not supported)::
@@ -51,6 +55,8 @@ OUTPUTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "predictive_entropy": ("FP32", ()),
     "mutual_information": ("FP32", ()),
     "variation_ratio": ("FP32", ()),
+    "aleatoric_variance": ("FP32", ()),
+    "epistemic_variance": ("FP32", ()),
     "adversarial": ("BOOL", ()),
 }
 REQUEST_FIELDS = frozenset({"id", "parameters", "inputs", "outputs"})

@@ -122,6 +122,10 @@ def test_triton_client_liveness_readiness_metadata_and_inference(
     )
     # No outputs requested: the client asks for binary outputs; the server answers all in JSON.
     assert everything.as_numpy("variation_ratio").shape == (3,)
+    for name in ("aleatoric_variance", "epistemic_variance"):  # Kwon et al., as in /v1
+        np.testing.assert_array_equal(
+            everything.as_numpy(name), np.asarray([r[name] for r in v1], np.float32)
+        )
     np.testing.assert_array_equal(everything.as_numpy("probabilities"), probs)
 
 

@@ -67,6 +67,8 @@ async def test_server_and_model_metadata_come_from_the_card(
         {"name": "predictive_entropy", "datatype": "FP32", "shape": [-1]},
         {"name": "mutual_information", "datatype": "FP32", "shape": [-1]},
         {"name": "variation_ratio", "datatype": "FP32", "shape": [-1]},
+        {"name": "aleatoric_variance", "datatype": "FP32", "shape": [-1]},
+        {"name": "epistemic_variance", "datatype": "FP32", "shape": [-1]},
         {"name": "adversarial", "datatype": "BOOL", "shape": [-1]},
     ]
     assert (live.status_code, live.json()) == (200, {"live": True})
@@ -142,11 +144,15 @@ async def test_infer_equals_the_engine_and_v1_for_the_same_seed(
         "predictive_entropy",
         "mutual_information",
         "variation_ratio",
+        "aleatoric_variance",
+        "epistemic_variance",
         "adversarial",
     ]
     assert [o["datatype"] for o in body["outputs"]] == [
         "FP32",
         "INT64",
+        "FP32",
+        "FP32",
         "FP32",
         "FP32",
         "FP32",
@@ -161,6 +167,11 @@ async def test_infer_equals_the_engine_and_v1_for_the_same_seed(
     mi = mutual_information(probs).numpy()
     np.testing.assert_allclose(out["mutual_information"], mi, atol=1e-5)
     np.testing.assert_allclose(out["variation_ratio"], variation_ratio(probs).numpy(), atol=1e-6)
+    # Kwon et al.: traces of diag(p̄) − E[p pᵀ] and E[(p − p̄)(p − p̄)ᵀ], from the samples directly
+    second_moment = (probs**2).sum(-1).mean(1)
+    np.testing.assert_allclose(out["aleatoric_variance"], (1 - second_moment).numpy(), atol=1e-5)
+    epistemic = (second_moment - (mean**2).sum(-1)).numpy()
+    np.testing.assert_allclose(out["epistemic_variance"], epistemic, atol=1e-5)
     assert out["adversarial"].tolist() == (out["mutual_information"] > threshold).tolist()
     # Nested data: the same numbers; /v1/predict: the same numbers, bit for bit.
     assert nested.json()["outputs"] == body["outputs"]
@@ -171,6 +182,8 @@ async def test_infer_equals_the_engine_and_v1_for_the_same_seed(
         "predictive_entropy",
         "mutual_information",
         "variation_ratio",
+        "aleatoric_variance",
+        "epistemic_variance",
         "adversarial",
     ):
         assert out[name].tolist() == [row[name] for row in v1_rows], name
@@ -199,7 +212,7 @@ async def test_outputs_selection_and_defaults(
     assert body["outputs"][1]["shape"] == [2, 10] and len(body["outputs"][1]["data"]) == 20
     assert "id" not in body and "seed" not in body["parameters"]
     assert body["parameters"]["mc_samples"] == 6
-    assert unseeded.status_code == 200 and len(unseeded.json()["outputs"]) == 6
+    assert unseeded.status_code == 200 and len(unseeded.json()["outputs"]) == 8
 
 
 BAD_V2: list[tuple[str, Any, list[str]]] = [
