@@ -13,7 +13,7 @@ from models.bayes_layers import SAMPLING_MODES
 from models.device import DEVICE_CHOICES, pick_device
 from models.networks import build_network, preset_architecture, preset_names
 from models.store import ModelCard, load_model, save_model, write_card
-from models.train import LOSSES, OPTIMIZERS, TrainConfig, train
+from models.train import LOSSES, LR_SCHEDULES, OPTIMIZERS, TrainConfig, train
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -63,6 +63,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="adam")
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument(
+        "--lr-schedule",
+        choices=LR_SCHEDULES,
+        default="constant",
+        help="constant, or cosine annealing to 0 over the run (per minibatch)",
+    )
     p.add_argument("--weight-decay", type=float, default=1e-6, help="λ of λ·Σ‖W‖² (paper: 1e-6)")
     p.add_argument("--p", type=float, default=None, help="dropout rate (default: the preset's)")
     p.add_argument("--seed", type=int, default=0)
@@ -110,6 +116,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         optimizer=args.optimizer,
         lr=args.lr,
+        lr_schedule=args.lr_schedule,
         weight_decay=args.weight_decay,
         seed=args.seed,
         patience=args.patience,

@@ -31,6 +31,7 @@ from models.losses import bbalpha_softmax_loss, l2_penalty
 from models.mc import mc_logits
 
 OPTIMIZERS = ("adam", "sgd")
+LR_SCHEDULES = ("constant", "cosine")
 LOSSES = ("bbalpha", "elbo")  # "elbo" = BB-α with α = 0 (MC-dropout VI / Bayes by Backprop)
 
 
@@ -50,6 +51,7 @@ class TrainConfig:
     k_val: int = 10
     loss: str = "bbalpha"
     beta_schedule: str = "blundell"  # KL weight schedule of BBB networks (models.bayes_losses)
+    lr_schedule: str = "constant"  # or "cosine": lr·½(1 + cos(π·t/T)) over all T minibatches
 
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:
@@ -67,6 +69,10 @@ class TrainConfig:
                 f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}",
             ),
             (self.lr > 0, f"learning rate must be > 0, got {self.lr}"),
+            (
+                self.lr_schedule in LR_SCHEDULES,
+                f"lr schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}",
+            ),
             (self.weight_decay >= 0, f"weight decay must be ≥ 0, got {self.weight_decay}"),
             (self.patience >= 0, f"patience must be ≥ 0, got {self.patience}"),
             (self.k_val >= 1, f"k-val must be ≥ 1, got {self.k_val}"),
@@ -110,6 +116,8 @@ def train(
     optimizer = _make_optimizer(model, config)
     x_train, y_train = train_data
     n = x_train.shape[0]
+    steps_per_epoch = math.ceil(n / config.batch_size)
+    schedule = _make_schedule(optimizer, config, steps_per_epoch * config.epochs)
     shuffle = torch.Generator().manual_seed(config.seed)
     result = TrainResult()
     best_ll, best_state, stale = -math.inf, None, 0
@@ -132,7 +140,7 @@ def train(
             )
             logits = mc_logits(model, xb, k)
             if bayesian:
-                beta = beta_weight(config.beta_schedule, step, math.ceil(n / config.batch_size))
+                beta = beta_weight(config.beta_schedule, step, steps_per_epoch)
                 loss = bbb_bbalpha_loss(logits, yb, kl_divergence(model), n, beta, config.alpha)
                 objective = loss
             else:
@@ -143,13 +151,20 @@ def train(
             optimizer.zero_grad(set_to_none=True)
             objective.backward()
             optimizer.step()
+            if schedule is not None:
+                schedule.step()
             total += loss.item() * idx.numel()
             seen += idx.numel()
             bar.set_postfix(
                 loss=f"{total / seen:.4f}",
                 rows_per_s=f"{seen * k / (time.perf_counter() - t0):.0f}",
             )
-        row = {"epoch": epoch, "train_loss": total / seen, "seconds": time.perf_counter() - t0}
+        row = {
+            "epoch": epoch,
+            "train_loss": total / seen,
+            "seconds": time.perf_counter() - t0,
+            "lr": optimizer.param_groups[0]["lr"],  # after the epoch's last step
+        }
         if val_data is not None:
             val = evaluate(model, *val_data, k=config.k_val, device=device, seed=config.seed)
             row.update({f"val_{key}": value for key, value in val.items()})
@@ -177,6 +192,16 @@ def train(
     )
     model.eval()
     return result
+
+
+def _make_schedule(
+    optimizer: torch.optim.Optimizer, config: TrainConfig, total_steps: int
+) -> torch.optim.lr_scheduler.LRScheduler | None:
+    """Per-minibatch schedule: cosine annealing ``lr_t = lr·½(1 + cos(π·t/T))``, ``T`` = all
+    minibatches of the run (so the last step reaches 0), or None for a constant rate."""
+    if config.lr_schedule == "constant":
+        return None
+    return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps, eta_min=0.0)
 
 
 def _make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:

@@ -137,6 +137,21 @@ def test_training_is_reproducible_from_the_seed(train_data: Data) -> None:
         assert torch.equal(pa, pb), name
 
 
+@pytest.mark.parametrize("schedule", ["constant", "cosine"])
+def test_lr_schedule_follows_the_formula(train_data: Data, schedule: str) -> None:
+    """Cosine: lr_t = lr·½(1 + cos(π t/T)) after t of T minibatches — ½·lr after the first of two
+    epochs, 0 at the end; constant: lr throughout."""
+    x, y = train_data[0][:256], train_data[1][:256]  # 4 minibatches of 64 per epoch, T = 8
+    lr = 4e-3
+    config = TrainConfig(epochs=2, k_train=1, batch_size=64, lr=lr, lr_schedule=schedule)
+    result = train(_net(), (x, y), None, config, progress=False)
+    got = [row["lr"] for row in result.history]
+    if schedule == "cosine":
+        assert got == pytest.approx([lr * 0.5 * (1 + math.cos(math.pi * 4 / 8)), 0.0], abs=1e-12)
+    else:
+        assert got == [lr, lr]
+
+
 def test_weight_decay_shrinks_the_weights(train_data: Data) -> None:
     x, y = train_data[0][:300], train_data[1][:300]
 
@@ -172,6 +187,7 @@ def test_weight_decay_shrinks_the_weights(train_data: Data) -> None:
         ("weight_decay", -1e-6, "weight decay must be ≥ 0"),
         ("patience", -1, "patience must be ≥ 0"),
         ("k_val", 0, "k-val must be ≥ 1"),
+        ("lr_schedule", "step", "lr schedule must be one of"),
     ],
 )
 def test_train_config_rejects_invalid_values(field: str, value, message: str) -> None:
