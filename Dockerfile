@@ -4,6 +4,7 @@
 #
 #   docker build -t bayesgate:gpu .                           # CUDA build (the default)
 #   docker build -t bayesgate:cpu --build-arg VARIANT=cpu .   # CPU-only build, no CUDA libraries
+#   docker build -t bayesgate:gpu-ray --build-arg EXTRAS=ray .  # + Ray Serve (docs/ray.md)
 #
 # Needs BuildKit (the default builder since Docker 23): it builds only the stages that VARIANT
 # selects, so the CPU build never downloads the CUDA wheels.
@@ -67,6 +68,9 @@ RUN pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu 
 
 # hadolint ignore=DL3006
 FROM torch-${VARIANT} AS venv
+# Optional extras of the package, comma-separated: "ray" adds Ray Serve (`bayesgate serve --ray`,
+# or the image as a Ray cluster node: `--entrypoint ray ... start --head --block`).
+ARG EXTRAS=""
 COPY pyproject.toml README.md /src/
 COPY bayesgate/ /src/bayesgate/
 COPY models/ /src/models/
@@ -77,7 +81,7 @@ COPY service/ /src/service/
 # default model loads (weights sha256-checked, calibration.json present and tied to them), link it
 # at a fixed path, and drop pip: the final image installs nothing. (Run from /, not /src, so that
 # `python -c` imports the installed package rather than the source tree.)
-RUN pip install --no-cache-dir /src \
+RUN pip install --no-cache-dir "/src${EXTRAS:+[${EXTRAS}]}" \
     && python -c "from service.loading import load_serving_model as load; from service.settings import DEFAULT_MODEL_DIR as d; load(d, 'cpu'); print('bundled model OK:', d)" \
     && mkdir -p /opt/bayesgate \
     && ln -s "$(python -c 'from service.settings import DEFAULT_MODEL_DIR as d; print(d)')" /opt/bayesgate/default-model \

@@ -5,6 +5,8 @@ the replica header, and the CLI's refusals — all without starting Ray (the liv
 from __future__ import annotations
 
 import importlib
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +34,18 @@ SERVE_CONFIG = REPO_ROOT / "deploy" / "ray-serve.yaml"
 
 
 @pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    import os
-
+def _clean_env() -> Iterator[None]:
+    """No BAYESGATE_* settings from outside; and the environment restored afterwards, since
+    ``bayesgate serve`` writes its flags into ``os.environ`` (for the processes it starts)."""
+    saved = dict(os.environ)
     for name in list(os.environ):
         if name.startswith("BAYESGATE_") and name != "BAYESGATE_DATA_DIR":
-            monkeypatch.delenv(name)
+            del os.environ[name]
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def options(settings: dict[str, Any] | None = None, **ray: Any) -> dict[str, Any]:
@@ -227,3 +235,72 @@ def test_serve_ray_refuses_bad_combinations_before_starting_ray(
     err = capsys.readouterr().err
     assert err.startswith("bayesgate: error: ") and message in err
     assert not ray.is_initialized()
+
+
+class FakeRay:
+    """Stands in for ``ray`` and ``ray.serve`` in :mod:`service.ray_run`: records the calls."""
+
+    def __init__(self, run_error: Exception | None = None) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.initialized = False
+        self.run_error = run_error
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import ray
+        from ray import serve
+
+        monkeypatch.setattr(ray, "init", self.init)
+        monkeypatch.setattr(ray, "is_initialized", lambda: self.initialized)
+        monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
+        monkeypatch.setattr(ray, "shutdown", lambda: self.calls.append(("ray.shutdown", None)))
+        monkeypatch.setattr(serve, "start", lambda **kw: self.calls.append(("serve.start", kw)))
+        monkeypatch.setattr(serve, "run", self.run)
+        monkeypatch.setattr(serve, "shutdown", lambda: self.calls.append(("serve.shutdown", None)))
+
+    def init(self, **kwargs: Any) -> None:
+        self.initialized = True
+        self.calls.append(("ray.init", kwargs))
+
+    def run(self, app: Any, **kwargs: Any) -> None:
+        self.calls.append(("serve.run", kwargs))
+        if self.run_error is not None:
+            raise self.run_error
+
+    def kwargs(self, name: str) -> dict[str, Any]:
+        return next(kw for call, kw in self.calls if call == name)
+
+
+def test_detached_deploy_ships_the_settings_to_the_replicas(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = FakeRay()
+    fake.install(monkeypatch)
+    monkeypatch.setenv("BAYESGATE_MAX_BATCH_SIZE", "12")
+    monkeypatch.setenv("BAYESGATE_RAY_APP_NAME", "digits")
+    assert main(["serve", "--ray", "--address", "auto", "--detach", "--port", "8123"]) == 0
+    init = fake.kwargs("ray.init")
+    assert init["address"] == "auto"
+    env = init["runtime_env"]["env_vars"]
+    # the flags are applied first, so the replicas see the checked settings
+    assert env["BAYESGATE_MAX_BATCH_SIZE"] == "12" and env["BAYESGATE_PORT"] == "8123"
+    assert "BAYESGATE_RUNTIME_DIR" not in env  # remote cluster: no local shared directory
+    assert fake.kwargs("serve.start")["http_options"]["port"] == 8123
+    assert fake.kwargs("serve.run") == {"name": "digits", "route_prefix": "/"}
+    # detached: the driver disconnects, the application stays
+    assert ("serve.shutdown", None) not in fake.calls and ("ray.shutdown", None) in fake.calls
+
+
+def test_a_replica_that_fails_to_start_is_exit_3_and_ray_is_stopped(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = FakeRay(RuntimeError("Deploying application bayesgate failed: replica died"))
+    fake.install(monkeypatch)
+    monkeypatch.setenv("BAYESGATE_RAY_NUM_REPLICAS", "2")
+    assert main(["serve", "--ray"]) == 3
+    err = capsys.readouterr().err
+    assert "bayesgate: error: deployment failed: Deploying application bayesgate failed" in err
+    assert fake.kwargs("ray.init")["address"] == "local"
+    # a local instance with several replicas gets a shared runtime dir, removed at exit
+    runtime_dir = Path(fake.kwargs("ray.init")["runtime_env"]["env_vars"]["BAYESGATE_RUNTIME_DIR"])
+    assert not runtime_dir.exists()
+    assert ("serve.shutdown", None) in fake.calls and ("ray.shutdown", None) in fake.calls
