@@ -123,13 +123,28 @@ def save_model(network: nn.Module, card: ModelCard, directory: Path | str) -> Mo
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to("cpu").contiguous() for k, v in network.state_dict().items()}
-    blob = save_safetensors(state, metadata={"format": CARD_FORMAT, "name": card.name})
+    blob = canonical_safetensors(
+        save_safetensors(state, metadata={"format": CARD_FORMAT, "name": card.name})
+    )
     card.weights_sha256 = hashlib.sha256(blob).hexdigest()
     card.code_version = card.code_version or code_version()
     card.created = card.created or dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     _atomic_write(directory / WEIGHTS_FILE, blob)
     _atomic_write(directory / CARD_FILE, card.to_json().encode())
     return card
+
+
+def canonical_safetensors(blob: bytes) -> bytes:
+    """The same safetensors file with its JSON header in one canonical form (keys sorted, no
+    spaces, padded with spaces to a multiple of 8 bytes), so the sha256 of the file depends only
+    on the tensors and the metadata — safetensors writes ``__metadata__`` in hash-map order, which
+    differs between runs. Tensor data and offsets are unchanged (they are relative to the end of
+    the header)."""
+    size = int.from_bytes(blob[:8], "little")
+    header = json.loads(blob[8 : 8 + size])
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + blob[8 + size :]
 
 
 def read_json_object(path: Path, missing: str, kind: str) -> dict[str, Any]:

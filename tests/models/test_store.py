@@ -87,6 +87,27 @@ def test_card_sha256_is_the_sha256_of_the_weights_file(saved) -> None:
     assert re.fullmatch(r"[0-9a-f]{64}", digest)
 
 
+def test_same_weights_give_the_same_sha256_every_time(tmp_path: Path) -> None:
+    """safetensors writes its metadata in hash-map order (it varied between saves in one process
+    before the header was canonicalised); the stored file must not."""
+    digests = {save_model(_net(), _card(), tmp_path / f"m{i}").weights_sha256 for i in range(12)}
+    assert len(digests) == 1
+    other = _net()
+    with torch.no_grad():
+        next(other.parameters())[0, 0] += 1e-3
+    assert save_model(other, _card(), tmp_path / "other").weights_sha256 not in digests
+
+
+def test_weights_header_is_canonical(saved) -> None:
+    _, _, directory = saved
+    blob = (directory / WEIGHTS_FILE).read_bytes()
+    size = int.from_bytes(blob[:8], "little")
+    text = blob[8 : 8 + size]
+    assert (8 + size) % 8 == 0  # tensor data starts 8-byte aligned
+    header = json.loads(text)
+    assert text.rstrip(b" ") == json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+
+
 def test_weights_file_is_safetensors_not_pickle(saved) -> None:
     net, _, directory = saved
     blob = (directory / WEIGHTS_FILE).read_bytes()
