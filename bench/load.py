@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -92,18 +93,33 @@ def bayesgate_command() -> list[str]:
 
 
 class Server:
-    """``bayesgate serve`` in a subprocess, stopped with SIGINT on exit."""
+    """``bayesgate serve [extra_args]`` in a subprocess, stopped with SIGINT on exit (killed after
+    ``stop_timeout_s``). Its stderr goes to a temporary file (a pipe nobody reads could fill up
+    and block a chatty server), shown if it exits before it is ready."""
 
-    def __init__(self, model_dir: Path, port: int, env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        model_dir: Path,
+        port: int,
+        env: dict[str, str],
+        extra_args: Sequence[str] = (),
+        stop_timeout_s: float = 15.0,
+    ) -> None:
         full_env = {**os.environ, **env, "BAYESGATE_MODEL_DIR": str(model_dir)}
         self.base = f"http://{HOST}:{port}"
+        self.stop_timeout_s = stop_timeout_s
+        self.errors = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed in __exit__)
         self.proc = subprocess.Popen(
-            [*bayesgate_command(), "serve", "--host", HOST, "--port", str(port)],
+            [*bayesgate_command(), "serve", "--host", HOST, "--port", str(port), *extra_args],
             env=full_env,
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+            stderr=self.errors,
             text=True,
         )
+
+    def stderr_text(self) -> str:
+        self.errors.seek(0)
+        return self.errors.read()
 
     def cpu_seconds(self) -> float:
         """User + system CPU time of the server process so far (Linux /proc; NaN elsewhere)."""
@@ -121,9 +137,7 @@ class Server:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"server exited: {self.proc.stderr.read() if self.proc.stderr else ''}"
-                )
+                raise RuntimeError(f"server exited: {self.stderr_text()}")
             try:
                 self.get("/readyz")
                 return
@@ -137,10 +151,12 @@ class Server:
     def __exit__(self, *_: object) -> None:
         self.proc.send_signal(signal.SIGINT)
         try:
-            self.proc.wait(timeout=15)
+            self.proc.wait(timeout=self.stop_timeout_s)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        finally:
+            self.errors.close()
 
 
 async def _request(
@@ -162,11 +178,20 @@ async def _request(
     return int(status_line.split()[1])
 
 
+Request = Callable[[asyncio.StreamReader, asyncio.StreamWriter, bytes], Awaitable[int]]
+
+
 async def drive(
-    port: int, bodies: list[bytes], clients: int, duration_s: float, max_requests: int
+    port: int,
+    bodies: list[bytes],
+    clients: int,
+    duration_s: float,
+    max_requests: int,
+    request: Request = _request,
 ) -> tuple[list[float], int, float]:
-    """``clients`` concurrent connections sending ``bodies`` round-robin; returns (latencies of
-    200 answers in seconds, number of non-200 answers, wall seconds)."""
+    """``clients`` concurrent connections sending ``bodies`` round-robin, each exchange made by
+    ``request`` (returns the status); returns (latencies of 200 answers in seconds, number of
+    non-200 answers, wall seconds)."""
     latencies: list[float] = []
     failures = 0
     sent = 0
@@ -189,7 +214,7 @@ async def drive(
             while time.perf_counter() < stop_at and sent < max_requests:
                 sent += 1
                 t0 = time.perf_counter()
-                status = await _request(reader, writer, payloads[j % len(payloads)])
+                status = await request(reader, writer, payloads[j % len(payloads)])
                 if status == 200:
                     latencies.append(time.perf_counter() - t0)
                 else:
@@ -208,11 +233,9 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))] if ordered else float("nan")
 
 
-def run_mode(
-    name: str, model_dir: Path, bodies: list[bytes], args: argparse.Namespace, batch: int
-) -> dict[str, Any]:
-    port = free_port()
-    env = {
+def server_env(args: argparse.Namespace, batch: int) -> dict[str, str]:
+    """The server's ``BAYESGATE_*`` settings for a run with these options and batch size."""
+    return {
         "BAYESGATE_MAX_BATCH_SIZE": str(batch),
         "BAYESGATE_MAX_QUEUE_DELAY_MS": str(args.max_queue_delay_ms),
         "BAYESGATE_NUM_THREADS": str(args.threads),
@@ -223,7 +246,13 @@ def run_mode(
         "BAYESGATE_DEVICE": args.device,
         "OMP_NUM_THREADS": str(args.threads),
     }
-    with Server(model_dir, port, env) as server:
+
+
+def run_mode(
+    name: str, model_dir: Path, bodies: list[bytes], args: argparse.Namespace, batch: int
+) -> dict[str, Any]:
+    port = free_port()
+    with Server(model_dir, port, server_env(args, batch)) as server:
         server.wait_ready()
         asyncio.run(drive(port, bodies, args.clients, min(1.0, args.duration), 10_000))  # warm-up
         before, cpu0 = server.get("/v1/stats"), server.cpu_seconds()

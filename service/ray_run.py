@@ -31,6 +31,7 @@ from service.ray_settings import (
     check_settings,
     deployment_options,
     describe_options,
+    ray_logging_config,
     resolve_num_gpus,
 )
 from service.settings import ENV_PREFIX, Settings
@@ -92,7 +93,8 @@ def run_on_ray(settings: Settings, address: str | None, detach: bool) -> int:
                 "host": settings.host,
                 "port": settings.port,
                 "request_timeout_s": settings.request_timeout_s + PROXY_TIMEOUT_MARGIN_S,
-            }
+            },
+            logging_config=ray_logging_config(settings),  # the proxy's and controller's logs
         )
         try:
             serve.run(app, name=ray_settings.app_name, route_prefix="/")

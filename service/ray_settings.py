@@ -65,6 +65,19 @@ class RaySettings(BaseSettings):
     health_check_period_s: float = Field(10.0, gt=0, description="Ray's replica health check")
 
 
+def ray_logging_config(settings: Settings) -> dict[str, Any]:
+    """Ray Serve's own logs (its files under ``/tmp/ray/session_*/logs/serve/``) at the service's
+    level and format, without Ray's per-request access log: the app writes its own (with request
+    ids), so Ray's only duplicated it (one more file write per request in the proxy and in each
+    replica)."""
+    level = {"critical": "CRITICAL", "error": "ERROR", "warning": "WARNING", "info": "INFO"}
+    return {
+        "log_level": level.get(settings.log_level, "DEBUG"),
+        "encoding": "JSON" if settings.log_format == "json" else "TEXT",
+        "enable_access_log": False,
+    }
+
+
 def max_ongoing_requests(settings: Settings, ray: RaySettings) -> int:
     """Requests per replica; raises ``ValueError`` when batches could not form or would 503."""
     if ray.max_ongoing_requests is None:
@@ -110,6 +123,7 @@ def deployment_options(settings: Settings, ray: RaySettings, num_gpus: float) ->
         "health_check_period_s": ray.health_check_period_s,
         # Ray stops a replica after its in-flight requests finish, at most this long.
         "graceful_shutdown_timeout_s": settings.drain_timeout_s,
+        "logging_config": ray_logging_config(settings),
     }
     if ray.num_replicas == "auto":
         if ray.min_replicas > ray.max_replicas:

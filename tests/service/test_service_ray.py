@@ -63,8 +63,16 @@ def test_default_options_admit_two_batches_per_replica() -> None:
         "ray_actor_options": {"num_cpus": 1.0, "num_gpus": 0.0},
         "health_check_period_s": 10.0,
         "graceful_shutdown_timeout_s": 7.0,
+        # Ray's own logs at the service's level and format; the app writes the access log
+        "logging_config": {"log_level": "INFO", "encoding": "JSON", "enable_access_log": False},
     }
     assert describe_options(got) == ("1 replica(s), 0 GPU each, at most 32 ongoing requests each")
+
+
+def test_ray_logs_follow_the_service_log_settings() -> None:
+    got = options({"log_level": "warning", "log_format": "text"})["logging_config"]
+    assert got == {"log_level": "WARNING", "encoding": "TEXT", "enable_access_log": False}
+    assert options({"log_level": "trace"})["logging_config"]["log_level"] == "DEBUG"
 
 
 def test_admission_is_capped_by_the_worker_queue() -> None:
