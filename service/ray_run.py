@@ -20,10 +20,11 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import tempfile
 import threading
 from pathlib import Path
-from types import FrameType
+from types import FrameType, ModuleType
 
 from service.logs import configure_logging
 from service.ray_settings import (
@@ -38,7 +39,8 @@ from service.settings import ENV_PREFIX, Settings
 
 log = logging.getLogger("bayesgate.ray")
 
-PROXY_TIMEOUT_MARGIN_S = 5.0  # the proxy's timeout sits above the app's own 504 deadline
+PROXY_TIMEOUT_MARGIN_S = 5.0
+CONNECT_TIMEOUT_S = 5.0  # the proxy's timeout sits above the app's own 504 deadline
 
 
 class DeployFailed(RuntimeError):
@@ -56,6 +58,43 @@ def replica_env(
         created = Path(tempfile.mkdtemp(prefix="bayesgate-ray-"))
         env[ENV_PREFIX + "RUNTIME_DIR"] = str(created)
     return env, created
+
+
+def _connect(ray: ModuleType, address: str | None, env: dict[str, str]) -> None:
+    """``ray.init``: a new local instance, or the cluster at ``address`` (``ValueError`` with
+    Ray's reason when it cannot be reached or refuses this client)."""
+    from ray.exceptions import AuthenticationError
+
+    if address is not None:
+        _check_reachable(address)
+    try:
+        ray.init(
+            address="local" if address is None else address,
+            runtime_env={"env_vars": env},
+            include_dashboard=False if address is None else None,
+            configure_logging=True,
+        )
+    except (ConnectionError, AuthenticationError) as exc:
+        chain = f"{exc} {exc.__cause__ or ''}"
+        reason = str(exc).strip().splitlines()[0]
+        if "authentication" in chain.lower() or "token" in chain.lower():
+            reason += (
+                " — the cluster refused this client's authentication token. Clusters started by "
+                "`ray start` use token authentication: set RAY_AUTH_MODE=token and provide the "
+                "cluster's token in ~/.ray/auth_token or RAY_AUTH_TOKEN (docs/ray.md)"
+            )
+        raise ValueError(f"cannot connect to the Ray cluster at {address}: {reason}") from None
+
+
+def _check_reachable(address: str) -> None:
+    """Fail fast on a ``HOST:PORT`` nobody listens on (Ray itself retries for minutes)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address:
+        return  # "auto", "ray://…": Ray resolves these itself
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise ValueError(f"cannot reach the Ray cluster at {address}: {exc}") from None
 
 
 def run_on_ray(settings: Settings, address: str | None, detach: bool) -> int:
@@ -78,12 +117,7 @@ def run_on_ray(settings: Settings, address: str | None, detach: bool) -> int:
         stop.set()
 
     try:
-        ray.init(
-            address="local" if local else address,
-            runtime_env={"env_vars": env},
-            include_dashboard=False if local else None,
-            configure_logging=True,
-        )
+        _connect(ray, address, env)
         cluster_gpus = float(ray.cluster_resources().get("GPU", 0.0))
         app = build_application(settings, ray_settings, cluster_gpus=cluster_gpus)
         num_gpus = resolve_num_gpus(settings, ray_settings, cluster_gpus)

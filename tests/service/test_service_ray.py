@@ -220,6 +220,7 @@ async def test_replica_app_names_the_replica_and_leaves_request_ids_to_the_proxy
         (["serve", "--address", "auto"], {}, "--address and --detach only apply with --ray"),
         (["serve", "--ray", "--workers", "2"], {}, "set BAYESGATE_RAY_NUM_REPLICAS instead"),
         (["serve", "--ray", "--detach"], {}, "--detach needs --address"),
+        (["serve", "--ray", "--address", "127.0.0.1:1"], {}, "cannot reach the Ray cluster at"),
         (["serve", "--ray"], {"BAYESGATE_RAY_NUM_REPLICAS": "lots"}, "BAYESGATE_RAY_NUM_REPLICAS"),
         (
             ["serve", "--ray"],

@@ -4,12 +4,18 @@ of the tiny model behind Ray's HTTP proxy on 127.0.0.1.
 Concurrent seeded requests through the proxy must get exactly the single-process service's
 answers (same inputs, seeds and K), on ``/v1`` and ``/v2``; both replicas must have served some;
 SIGTERM must stop everything with exit code 0. Start-up is bounded (Ray takes ~30 s here).
+Then ``--address --detach`` against a cluster started by ``ray start``: the replicas must get
+their settings from the deploying command (the cluster's processes never saw its environment),
+and the application must keep serving after that command has exited.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
-from serve_process import Server, start_server
+from serve_process import Server, bayesgate_command, free_port, start_server
 
 from service.ray_app import REPLICA_HEADER
 
@@ -148,3 +154,55 @@ def test_sigterm_deletes_the_application_and_exits_0(ray_server: Server) -> None
     assert not [r for r in records if r.get("level") == "error"], records
     with pytest.raises(httpx.TransportError):
         httpx.get(f"{ray_server.base}/healthz", timeout=2, trust_env=False)
+
+
+def test_detached_deploy_onto_a_running_cluster(tiny_model_dir: Path) -> None:
+    ray = str(Path(sys.executable).parent / "ray")
+    gcs_port, http_port = free_port(), free_port()
+    # The cluster is started without any BAYESGATE_* variable: whatever the replicas know of the
+    # settings must come from `bayesgate serve --ray` (its runtime_env).
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("BAYESGATE_", "RAY_"))}
+    head = [ray, "start", "--head", f"--port={gcs_port}", "--num-cpus=1"]
+    started = subprocess.run(
+        [*head, "--include-dashboard=false", "--disable-usage-stats"],
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    try:
+        assert started.returncode == 0, started.stderr[-3000:]
+        env = {
+            **clean,
+            "BAYESGATE_MODEL_DIR": str(tiny_model_dir),
+            "BAYESGATE_DEVICE": "cpu",
+            "BAYESGATE_NUM_THREADS": "1",
+            "BAYESGATE_MAX_BATCH_SIZE": "4",
+            # `ray start` made a token (~/.ray/auth_token); a client naming the address opts in
+            "RAY_AUTH_MODE": "token",
+        }
+        deploy = [*bayesgate_command(), "serve", "--ray", "--detach"]
+        deploy += ["--address", f"127.0.0.1:{gcs_port}", "--host", "127.0.0.1"]
+        done = subprocess.run(
+            [*deploy, "--port", str(http_port)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=READY_TIMEOUT_S,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "ready on Ray" in done.stderr and "detached" in done.stderr
+        # The deploying command has exited; the application serves on, with its model.
+        base = f"http://127.0.0.1:{http_port}"
+        models = httpx.get(f"{base}/v1/models", timeout=30, trust_env=False)
+        assert models.status_code == 200, models.text
+        assert [m["name"] for m in models.json()["models"]] == ["tiny-mlp"]
+        answer = httpx.post(
+            f"{base}/v1/predict",
+            json={"instances": [[0.0] * 784], "mc_samples": 4, "seed": 1},
+            timeout=30,
+            trust_env=False,
+        )
+        assert answer.status_code == 200 and answer.headers[REPLICA_HEADER]
+    finally:
+        subprocess.run([ray, "stop", "--force"], env=clean, capture_output=True, timeout=120)
