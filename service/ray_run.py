@@ -116,6 +116,10 @@ def run_on_ray(settings: Settings, address: str | None, detach: bool) -> int:
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()
 
+    # SIGTERM during start-up is remembered (the deploy finishes, then everything is cleaned up);
+    # SIGINT raises KeyboardInterrupt until the application is up, which cleans up the same way.
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    signal.signal(signal.SIGTERM, on_signal)
     try:
         _connect(ray, address, env)
         cluster_gpus = float(ray.cluster_resources().get("GPU", 0.0))
@@ -144,7 +148,6 @@ def run_on_ray(settings: Settings, address: str | None, detach: bool) -> int:
         )
         if detach:
             return 0
-        signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
         while not stop.wait(1.0):
             pass
@@ -159,3 +162,5 @@ def run_on_ray(settings: Settings, address: str | None, detach: bool) -> int:
             ray.shutdown()  # disconnects this driver; a detached application keeps running
         if runtime_dir is not None:
             shutil.rmtree(runtime_dir, ignore_errors=True)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -286,7 +287,9 @@ def test_detached_deploy_ships_the_settings_to_the_replicas(
     fake.install(monkeypatch)
     monkeypatch.setenv("BAYESGATE_MAX_BATCH_SIZE", "12")
     monkeypatch.setenv("BAYESGATE_RAY_APP_NAME", "digits")
+    handlers = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     assert main(["serve", "--ray", "--address", "auto", "--detach", "--port", "8123"]) == 0
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == handlers
     init = fake.kwargs("ray.init")
     assert init["address"] == "auto"
     env = init["runtime_env"]["env_vars"]
