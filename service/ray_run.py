@@ -122,6 +122,7 @@ def run_on_ray(settings: Settings, address: str | None, detach: bool) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     try:
         _connect(ray, address, env)
+        signal.signal(signal.SIGTERM, on_signal)  # again: ray.init installs its own (it aborts)
         cluster_gpus = float(ray.cluster_resources().get("GPU", 0.0))
         app = build_application(settings, ray_settings, cluster_gpus=cluster_gpus)
         num_gpus = resolve_num_gpus(settings, ray_settings, cluster_gpus)
