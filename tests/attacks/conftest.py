@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,22 +14,13 @@ from models.networks import build_network, preset_architecture
 from models.store import ModelCard, save_model
 from models.train import TrainConfig, train
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def _data_root() -> Path:
-    env = os.environ.get("BAYESGATE_DATA_DIR")
-    return Path(env) if env else (REPO_ROOT / ".." / "shared" / "data").resolve()
-
 
 @pytest.fixture(scope="session", autouse=True)
-def data_env() -> Iterator[Path]:
+def data_env(mnist_root: Path) -> Iterator[Path]:
     """Point ``BAYESGATE_DATA_DIR`` at the shared MNIST files for code that loads data itself."""
-    root = _data_root()
-    assert (root / "mnist").is_dir(), f"MNIST data not found under {root}"
     mp = pytest.MonkeyPatch()
-    mp.setenv("BAYESGATE_DATA_DIR", str(root))
-    yield root
+    mp.setenv("BAYESGATE_DATA_DIR", str(mnist_root))
+    yield mnist_root
     mp.undo()
 
 

@@ -7,7 +7,6 @@ rate computed from the scores of 1,000 validation images. Tests never rely on it
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -31,14 +30,8 @@ from service.app import create_app
 from service.predictor import Engine
 from service.settings import Settings
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 TARGET_FPR = 0.05
 CAL_K = 10
-
-
-def mnist_root() -> Path:
-    env = os.environ.get("BAYESGATE_DATA_DIR")
-    return Path(env) if env else (REPO_ROOT / ".." / "shared" / "data").resolve()
 
 
 def _auroc(negatives: np.ndarray, positives: np.ndarray) -> float:
@@ -53,15 +46,15 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture(scope="session")
-def mnist_test() -> tuple[torch.Tensor, torch.Tensor]:
+def mnist_test(mnist_root: Path) -> tuple[torch.Tensor, torch.Tensor]:
     """The first 200 MNIST test images and labels."""
-    return load_mnist("test", data_dir=mnist_root(), download=False, limit=200)
+    return load_mnist("test", data_dir=mnist_root, download=False, limit=200)
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, mnist_root: Path) -> Path:
     """A trained mlp-2x32 with its card and calibration.json in a temporary model directory."""
-    root = mnist_root()
+    root = mnist_root
     x, y = load_mnist("train", data_dir=root, download=False, limit=3000)
     xv, _ = load_mnist("val", data_dir=root, download=False, limit=1000)
     arch = preset_architecture("mlp-2x32")
