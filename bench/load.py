@@ -336,6 +336,19 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def add_load_options(p: argparse.ArgumentParser, per: str, threads_help: str) -> None:
+    """The load and server options shared by the load benchmarks (``per``: what one run is)."""
+    p.add_argument("--clients", type=int, default=32)
+    p.add_argument("--duration", type=float, default=10.0, help=f"seconds per {per} (≤ 120)")
+    p.add_argument("--max-requests", type=int, default=200_000, help=f"cap per {per}")
+    p.add_argument("--k", type=int, default=10)
+    p.add_argument("--max-batch-size", type=int, default=64)
+    p.add_argument("--max-queue-delay-ms", type=float, default=5.0)
+    p.add_argument("--threads", type=int, default=1, help=threads_help)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--json", type=Path, default=None, help="also write the results here")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -346,15 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--stand-in", default="cnn", help="preset of the untrained stand-in (default cnn)"
     )
-    p.add_argument("--clients", type=int, default=32)
-    p.add_argument("--duration", type=float, default=10.0, help="seconds per mode (≤ 120)")
-    p.add_argument("--max-requests", type=int, default=200_000, help="cap per mode")
-    p.add_argument("--k", type=int, default=10)
-    p.add_argument("--max-batch-size", type=int, default=64)
-    p.add_argument("--max-queue-delay-ms", type=float, default=5.0)
-    p.add_argument("--threads", type=int, default=1, help="torch threads (server and engine)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    add_load_options(p, per="mode", threads_help="torch threads (server and engine)")
     args = p.parse_args(argv)
     if not 0 < args.duration <= MAX_DURATION_S or args.clients < 1 or args.max_requests < 1:
         p.error(f"need 0 < --duration ≤ {MAX_DURATION_S}, --clients ≥ 1, --max-requests ≥ 1")

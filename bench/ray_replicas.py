@@ -50,6 +50,7 @@ from load import (
     MAX_DURATION_S,
     Request,
     Server,
+    add_load_options,
     drive,
     free_port,
     mnist_images,
@@ -418,17 +419,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model-dir", type=Path, default=BUNDLED, help="default: the bundled model")
     p.add_argument("--replicas", type=int, nargs="+", default=[1, 2], help="Ray rows (default 1 2)")
     p.add_argument("--no-plain", action="store_true", help="skip the plain `bayesgate serve` row")
-    p.add_argument("--clients", type=int, default=32)
-    p.add_argument("--duration", type=float, default=10.0, help="seconds per row (≤ 120)")
-    p.add_argument("--max-requests", type=int, default=200_000, help="cap per row")
-    p.add_argument("--k", type=int, default=10)
-    p.add_argument("--max-batch-size", type=int, default=64)
-    p.add_argument("--max-queue-delay-ms", type=float, default=5.0)
-    p.add_argument("--threads", type=int, default=1, help="torch threads per server / replica")
-    p.add_argument("--device", default="cpu")
+    add_load_options(p, per="row", threads_help="torch threads per server / replica")
     p.add_argument("--start-timeout", type=float, default=180.0, help="seconds (≤ 600)")
     p.add_argument("--stop-timeout", type=float, default=90.0, help="seconds before SIGKILL")
-    p.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = p.parse_args(argv)
     if not 0 < args.duration <= MAX_DURATION_S or args.clients < 1 or args.max_requests < 1:
         p.error(f"need 0 < --duration ≤ {MAX_DURATION_S}, --clients ≥ 1, --max-requests ≥ 1")
