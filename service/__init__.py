@@ -17,7 +17,9 @@ Layout (data flows one way, top to bottom):
 - :mod:`service.routes` — ``/v1`` predict and model routes, ``/v2`` (Open Inference Protocol),
   health, readiness, ``/metrics`` and ``/admin``;
 - :mod:`service.shutdown` — SIGTERM: readiness off, drain, exit 0;
-- :mod:`service.app` — the app factory and its lifespan; :mod:`service.cli` — ``bayesgate serve``.
+- :mod:`service.app` — the app factory and its lifespan; :mod:`service.cli` — ``bayesgate serve``;
+- :mod:`service.ray_app`, :mod:`service.ray_settings`, :mod:`service.ray_run` — the same app as a
+  Ray Serve application (``bayesgate serve --ray``; needs the ``ray`` extra).
 """
 
 from __future__ import annotations
