@@ -146,6 +146,8 @@ def _serve_on_ray(settings: Settings, address: str | None, detach: bool) -> int:
     from pydantic import ValidationError
 
     try:
+        import ray.serve  # noqa: F401  (the extra; service.ray_run imports it only when it runs)
+
         from service.ray_run import DeployFailed, run_on_ray
     except ImportError as exc:
         raise ValueError(

@@ -247,6 +247,17 @@ def test_serve_ray_refuses_bad_combinations_before_starting_ray(
     assert not ray.is_initialized()
 
 
+def test_serve_ray_without_the_extra_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if `ray` were not installed
+    assert main(["serve", "--ray"]) == 2
+    err = capsys.readouterr().err
+    assert "--ray needs Ray Serve (ray is not installed): pip install 'bayesgate[ray]'" in err
+
+
 class FakeRay:
     """Stands in for ``ray`` and ``ray.serve`` in :mod:`service.ray_run`: records the calls."""
 
