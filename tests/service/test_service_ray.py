@@ -215,6 +215,24 @@ async def test_replica_app_names_the_replica_and_leaves_request_ids_to_the_proxy
     assert missing.status_code == 404 and missing.headers[REPLICA_HEADER] == "replica-7"
 
 
+@pytest.mark.anyio
+async def test_replica_health_check_fails_once_the_inference_thread_is_gone(
+    make_settings: Any,
+) -> None:
+    from types import SimpleNamespace
+
+    from service.ray_app import BayesGateReplica
+
+    app = create_replica_app(make_settings(), "replica-1")
+    replica = SimpleNamespace(_app=app)  # the attributes check_health reads
+    BayesGateReplica.check_health(replica)  # not started yet: healthy (Ray waits for start-up)
+    async with app.router.lifespan_context(app):
+        BayesGateReplica.check_health(replica)
+        app.state.worker.stop()
+        with pytest.raises(RuntimeError, match="inference worker thread is not running"):
+            BayesGateReplica.check_health(replica)
+
+
 @pytest.mark.parametrize(
     ("argv", "env", "message"),
     [
