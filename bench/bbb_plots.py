@@ -27,6 +27,7 @@ RUNS = {
     "train_lenet_beta1.jsonl": "bbb-lenet5-beta1 (β = 1, 12 ep.)",
     "train_lenet_beta1_cos.jsonl": "bbb-lenet5-beta1-cos (β = 1, cosine lr, 30 ep.)",
     "train_lenet_bbalpha.jsonl": "bbb-lenet5-alpha0.5 (BB-α, 6 ep.)",
+    "train_lenet_bbalpha_beta1.jsonl": "bbb-lenet5-alpha0.5-beta1 (BB-α, β = 1, cosine, 30 ep.)",
     "train_alexnet_5ep.jsonl": "bbb-alexnet-5ep (Blundell β, 5 ep.)",
     "train_alexnet.jsonl": "bbb-alexnet (Blundell β, cosine lr, 30 ep.)",
 }
