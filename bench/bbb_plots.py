@@ -30,6 +30,7 @@ RUNS = {
     "train_lenet_bbalpha_beta1.jsonl": "bbb-lenet5-alpha0.5-beta1 (BB-α, β = 1, cosine, 30 ep.)",
     "train_alexnet_5ep.jsonl": "bbb-alexnet-5ep (Blundell β, 5 ep.)",
     "train_alexnet.jsonl": "bbb-alexnet (Blundell β, cosine lr, 30 ep.)",
+    "train_alexnet_beta1.jsonl": "bbb-alexnet-beta1 (β = 1, cosine lr, 30 ep.)",
 }
 SHRIDHAR_TABLE2_LENET = (0.0096, 0.0026)  # aleatoric, epistemic: MNIST, LeNet-5
 CLASSES = 10
