@@ -248,6 +248,19 @@ def server_env(args: argparse.Namespace, batch: int) -> dict[str, str]:
     }
 
 
+def latency_stats(latencies: list[float], failures: int, wall: float) -> dict[str, float]:
+    """Requests, failures, throughput (per second of ``wall``) and latency percentiles in ms."""
+    return {
+        "requests": len(latencies),
+        "failed": failures,
+        "throughput": len(latencies) / wall,
+        "p50_ms": 1000 * percentile(latencies, 50),
+        "p95_ms": 1000 * percentile(latencies, 95),
+        "p99_ms": 1000 * percentile(latencies, 99),
+        "mean_ms": 1000 * statistics.fmean(latencies) if latencies else float("nan"),
+    }
+
+
 def run_mode(
     name: str, model_dir: Path, bodies: list[bytes], args: argparse.Namespace, batch: int
 ) -> dict[str, Any]:
@@ -266,13 +279,7 @@ def run_mode(
     return {
         "mode": name,
         "max_batch_size": batch,
-        "requests": done,
-        "failed": failures,
-        "throughput": done / wall,
-        "p50_ms": 1000 * percentile(latencies, 50),
-        "p95_ms": 1000 * percentile(latencies, 95),
-        "p99_ms": 1000 * percentile(latencies, 99),
-        "mean_ms": 1000 * statistics.fmean(latencies) if latencies else float("nan"),
+        **latency_stats(latencies, failures, wall),
         "mean_batch": instances / calls if calls else 0.0,
         "cpu_ms_per_request": 1000 * (cpu1 - cpu0) / done if done else float("nan"),
         "cpu_share": (cpu1 - cpu0) / wall,

@@ -36,7 +36,6 @@ import contextlib
 import json
 import os
 import signal
-import statistics
 import sys
 import time
 import urllib.error
@@ -53,8 +52,8 @@ from load import (
     add_load_options,
     drive,
     free_port,
+    latency_stats,
     mnist_images,
-    percentile,
     server_env,
     table,
 )
@@ -352,13 +351,7 @@ def run_row(
         "mode": name,
         "replicas": replicas or 0,
         "max_batch_size": args.max_batch_size,
-        "requests": done,
-        "failed": failures,
-        "throughput": done / wall,
-        "p50_ms": 1000 * percentile(latencies, 50),
-        "p95_ms": 1000 * percentile(latencies, 95),
-        "p99_ms": 1000 * percentile(latencies, 99),
-        "mean_ms": 1000 * statistics.fmean(latencies) if latencies else float("nan"),
+        **latency_stats(latencies, failures, wall),
         "mean_batch": instances / calls if complete and calls else float("nan"),
         "cpu_ms_per_request": 1000 * server_cpu / done if done else float("nan"),
         "cpu_share": server_cpu / wall,
