@@ -33,7 +33,7 @@ from ray import serve
 from ray.serve import Application
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.ray_settings import DEPLOYMENT_NAME, RaySettings, deployment_options, resolve_num_gpus
+from service.ray_settings import DEPLOYMENT_NAME, RaySettings, cluster_options
 from service.settings import Settings, settings_from_env
 
 REPLICA_HEADER = "x-bayesgate-replica"
@@ -98,19 +98,11 @@ BayesGateDeployment = serve.deployment(name=DEPLOYMENT_NAME)(BayesGateReplica)
 
 
 def build_application(
-    settings: Settings,
-    ray_settings: RaySettings,
-    *,
-    cluster_gpus: float,
-    overrides: dict[str, Any] | None = None,
+    options: dict[str, Any], overrides: dict[str, Any] | None = None
 ) -> Application:
-    """The bound Serve application for these settings (raises ``ValueError`` when they clash).
-
-    ``settings`` is what the replicas will see (environment + ``overrides``); it is checked here,
-    before anything is deployed.
-    """
-    num_gpus = resolve_num_gpus(settings, ray_settings, cluster_gpus)
-    options = deployment_options(settings, ray_settings, num_gpus)
+    """The bound Serve application: the deployment with ``options``
+    (:func:`service.ray_settings.cluster_options`), its replicas built with ``overrides`` on top
+    of their ``BAYESGATE_*`` environment."""
     return BayesGateDeployment.options(**options).bind(overrides or {})
 
 
@@ -139,5 +131,5 @@ def app_builder(args: dict[str, Any]) -> Application:
         raise ValueError(f"invalid BayesGate application args: {exc}") from None
     cluster_gpus = ray.cluster_resources().get("GPU", 0.0) if ray.is_initialized() else 0.0
     return build_application(
-        settings, ray_settings, cluster_gpus=cluster_gpus, overrides=service_args
+        cluster_options(settings, ray_settings, cluster_gpus), overrides=service_args
     )

@@ -30,10 +30,9 @@ from service.logs import configure_logging
 from service.ray_settings import (
     RaySettings,
     check_settings,
-    deployment_options,
+    cluster_options,
     describe_options,
     ray_logging_config,
-    resolve_num_gpus,
 )
 from service.settings import ENV_PREFIX, Settings
 
@@ -124,9 +123,8 @@ def run_on_ray(settings: Settings, address: str | None, detach: bool) -> int:
         _connect(ray, address, env)
         signal.signal(signal.SIGTERM, on_signal)  # again: ray.init installs its own (it aborts)
         cluster_gpus = float(ray.cluster_resources().get("GPU", 0.0))
-        app = build_application(settings, ray_settings, cluster_gpus=cluster_gpus)
-        num_gpus = resolve_num_gpus(settings, ray_settings, cluster_gpus)
-        replicas = describe_options(deployment_options(settings, ray_settings, num_gpus))
+        options = cluster_options(settings, ray_settings, cluster_gpus)
+        app = build_application(options)
         serve.start(
             http_options={
                 "host": settings.host,
@@ -144,7 +142,7 @@ def run_on_ray(settings: Settings, address: str | None, detach: bool) -> int:
             settings.host,
             settings.port,
             ray_settings.app_name,
-            replicas,
+            describe_options(options),
             "detached" if detach else "SIGINT/SIGTERM stops",
         )
         if detach:

@@ -145,6 +145,12 @@ def deployment_options(settings: Settings, ray: RaySettings, num_gpus: float) ->
     return options
 
 
+def cluster_options(settings: Settings, ray: RaySettings, cluster_gpus: float) -> dict[str, Any]:
+    """:func:`deployment_options` with the GPUs per replica resolved for a cluster that has
+    ``cluster_gpus`` GPUs (raises ``ValueError`` when the settings clash)."""
+    return deployment_options(settings, ray, resolve_num_gpus(settings, ray, cluster_gpus))
+
+
 def check_settings(settings: Settings, ray: RaySettings) -> None:
     """Raise the ``ValueError`` that :func:`deployment_options` would, for every clash that does
     not depend on the cluster (so the CLI refuses them before starting or joining Ray)."""

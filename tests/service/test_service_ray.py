@@ -24,6 +24,7 @@ from service.ray_app import REPLICA_HEADER, app_builder, build_application, crea
 from service.ray_settings import (
     DEPLOYMENT_NAME,
     RaySettings,
+    cluster_options,
     deployment_options,
     describe_options,
     resolve_num_gpus,
@@ -148,8 +149,8 @@ def test_ray_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_build_application_returns_a_serve_application() -> None:
-    app = build_application(Settings(), RaySettings(num_replicas=2), cluster_gpus=0)
-    assert isinstance(app, Application)
+    options = cluster_options(Settings(), RaySettings(num_replicas=2), cluster_gpus=0)
+    assert isinstance(build_application(options), Application)
 
 
 def test_serve_config_is_valid_and_its_args_reach_the_builder(
@@ -166,16 +167,18 @@ def test_serve_config_is_valid_and_its_args_reach_the_builder(
 
     seen: dict[str, Any] = {}
 
-    def capture(settings: Settings, ray: RaySettings, **kwargs: Any) -> str:
-        seen.update(settings=settings, ray=ray, **kwargs)
+    def capture(options: dict[str, Any], overrides: dict[str, Any]) -> str:
+        seen.update(options=options, overrides=overrides)
         return "application"
 
     monkeypatch.setattr(ray_app, "build_application", capture)
+    monkeypatch.setattr("ray.is_initialized", lambda: True)  # as inside `serve deploy`
+    monkeypatch.setattr("ray.cluster_resources", lambda: {"CPU": 16.0, "GPU": 8.0})
     assert app_builder(application["args"]) == "application"
-    settings, ray = seen["settings"], seen["ray"]
+    # the replicas rebuild their settings from the same overrides
+    settings = Settings(**seen["overrides"])
     assert settings.max_batch_size == 64 and settings.max_queue_delay_ms == 5
-    assert seen["overrides"]["max_batch_size"] == 64  # replicas get the same overrides
-    got = deployment_options(settings, ray, resolve_num_gpus(settings, ray, cluster_gpus=8))
+    got = seen["options"]
     assert got["ray_actor_options"] == {"num_cpus": 1.0, "num_gpus": 0.5}
     assert got["max_ongoing_requests"] == 128
     assert got["autoscaling_config"]["max_replicas"] == 8
