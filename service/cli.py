@@ -183,7 +183,9 @@ def _prepare_shared_dirs(workers: int, runtime_dir: Path | None) -> Path | None:
         os.environ[ENV_PREFIX + "RUNTIME_DIR"] = str(runtime_dir)
     if runtime_dir is not None:
         runtime_dir.mkdir(parents=True, exist_ok=True)
-        (runtime_dir / "admin.json").unlink(missing_ok=True)  # a previous run's admin changes
+        from service.control import forget_admin_changes
+
+        forget_admin_changes(runtime_dir)
         if workers > 1 and MULTIPROC_ENV not in os.environ:
             os.environ[MULTIPROC_ENV] = str(runtime_dir / "metrics")
     metrics_dir = os.environ.get(MULTIPROC_ENV)

@@ -49,6 +49,11 @@ STATE_FILE = "admin.json"
 LOCK_FILE = "admin.lock"
 
 
+def forget_admin_changes(runtime_dir: Path) -> None:
+    """Delete a previous run's ``admin.json``, so a new server starts from its model directory."""
+    (runtime_dir / STATE_FILE).unlink(missing_ok=True)
+
+
 @dataclasses.dataclass(frozen=True)
 class AdminState:
     """What the admin has changed since start: ``reloads`` count, the decision override."""

@@ -26,6 +26,7 @@ import threading
 from pathlib import Path
 from types import FrameType, ModuleType
 
+from service.control import forget_admin_changes
 from service.logs import configure_logging
 from service.ray_settings import (
     RaySettings,
@@ -56,6 +57,8 @@ def replica_env(
     if local and several and settings.runtime_dir is None:
         created = Path(tempfile.mkdtemp(prefix="bayesgate-ray-"))
         env[ENV_PREFIX + "RUNTIME_DIR"] = str(created)
+    elif local and settings.runtime_dir is not None:
+        forget_admin_changes(settings.runtime_dir)  # as `bayesgate serve --workers N` does
     return env, created
 
 

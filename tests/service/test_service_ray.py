@@ -334,6 +334,22 @@ def test_detached_deploy_ships_the_settings_to_the_replicas(
     assert ("serve.shutdown", None) not in fake.calls and ("ray.shutdown", None) in fake.calls
 
 
+def test_a_local_run_forgets_the_previous_runs_admin_changes(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    fake = FakeRay()
+    fake.install(monkeypatch)
+    # the deploy "succeeds" and a SIGTERM arrives at once
+    monkeypatch.setattr("ray.serve.run", lambda app, **kw: signal.raise_signal(signal.SIGTERM))
+    (tmp_path / "admin.json").write_text('{"generation": 3, "threshold": 0.1}')
+    monkeypatch.setenv("BAYESGATE_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.setattr("ray.serve.delete", lambda name: None)
+    assert main(["serve", "--ray"]) == 0  # deploys, gets SIGTERM, deletes the app, exits 0
+    assert not (tmp_path / "admin.json").exists()
+    env = fake.kwargs("ray.init")["runtime_env"]["env_vars"]
+    assert env["BAYESGATE_RUNTIME_DIR"] == str(tmp_path)
+
+
 def test_a_replica_that_fails_to_start_is_exit_3_and_ray_is_stopped(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
