@@ -1,8 +1,10 @@
 """Threshold calibration on clean validation images and detection metrics on the test set.
 
-1. Validation (``models.data.load_mnist("val")``, never the test set): MC probabilities over
-   ``k`` passes, every score of :data:`models.uncertainty.SCORES`, and for each score the
-   threshold :func:`attacks.metrics.threshold_at_fpr` at the target false-positive rate
+1. Validation (``bayesgate.models.data.mnist.load_mnist("val")``, never the test set): MC
+probabilities over
+   ``k`` passes, every score of :data:`bayesgate.models.mc.uncertainty.SCORES`, and for each score
+   the
+   threshold :func:`bayesgate.attacks.metrics.threshold_at_fpr` at the target false-positive rate
    (flag = ``score > threshold``; the realised validation FPR is ``≤`` the target and reported).
 2. Test: clean MC predictions and scores; for every attack, adversarial images through the
    ``k_attack``-pass log-predictive, then the detection metrics of the *successful*
@@ -18,12 +20,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from attacks.metrics import detection_metrics, flag_rate, threshold_at_fpr
-from attacks.run import AttackOutcome, mc_predictions, run_attack
-from attacks.specs import DEFAULT_ATTACKS, AttackSpec, parse_attacks
-from models.calibration import Calibration
-from models.store import LoadedModel
-from models.uncertainty import SCORES
+from bayesgate.attacks.metrics import detection_metrics, flag_rate, threshold_at_fpr
+from bayesgate.attacks.run import AttackOutcome, mc_predictions, run_attack
+from bayesgate.attacks.specs import DEFAULT_ATTACKS, AttackSpec, parse_attacks
+from bayesgate.models.mc.uncertainty import SCORES
+from bayesgate.models.store.calibration import Calibration
+from bayesgate.models.store.directory import LoadedModel
 
 SCORE_NAMES: tuple[str, ...] = tuple(SCORES)
 SCORE_LABELS = {
@@ -110,7 +112,7 @@ def calibrate(
     service must use too; ``k_attack`` = samples in the attacked log-predictive (default the
     card's ``inference["k_attack"]``, 10 as in the paper).
     """
-    from models.data import load_mnist
+    from bayesgate.models.data.mnist import load_mnist
 
     if score not in SCORES:
         raise ValueError(f"unknown score {score!r}; choose one of {', '.join(SCORES)}")

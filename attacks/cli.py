@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from models.device import DEVICE_CHOICES, pick_device
+from bayesgate.models.device import DEVICE_CHOICES, pick_device
 
 FIGURES = ("6", "7", "detection")
 
@@ -51,8 +51,8 @@ def _register_attack(sub: argparse._SubParsersAction) -> None:
 
 
 def _register_calibrate(sub: argparse._SubParsersAction) -> None:
-    from attacks.specs import DEFAULT_ATTACKS
-    from models.uncertainty import SCORES
+    from bayesgate.attacks.specs import DEFAULT_ATTACKS
+    from bayesgate.models.mc.uncertainty import SCORES
 
     p = sub.add_parser(
         "calibrate",
@@ -111,7 +111,7 @@ def _positive(name: str, value: int | None) -> None:
 
 
 def _attack_spec(args: argparse.Namespace) -> Any:
-    from attacks.specs import AttackSpec
+    from bayesgate.attacks.specs import AttackSpec
 
     if args.spec:
         return AttackSpec.parse(args.spec)
@@ -129,9 +129,9 @@ def _attack_spec(args: argparse.Namespace) -> Any:
 
 
 def cmd_attack(args: argparse.Namespace) -> int:
-    from attacks.run import run_attack
-    from models.data import load_mnist
-    from models.store import load_model
+    from bayesgate.attacks.run import run_attack
+    from bayesgate.models.data.mnist import load_mnist
+    from bayesgate.models.store.directory import load_model
 
     spec = _attack_spec(args)
     for name in ("k", "k_eval", "limit", "batch_size"):
@@ -168,10 +168,10 @@ def cmd_attack(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from attacks.calibrate import calibrate
-    from attacks.report import write_report
-    from models.calibration import write_calibration
-    from models.store import load_model
+    from bayesgate.attacks.calibrate import calibrate
+    from bayesgate.attacks.report import write_report
+    from bayesgate.models.store.calibration import write_calibration
+    from bayesgate.models.store.directory import load_model
 
     for name in ("k", "k_attack", "val_limit", "test_limit", "batch_size"):
         _positive(name.replace("_", "-"), getattr(args, name))
@@ -218,9 +218,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     import torch
 
-    from attacks import sweep
-    from models.data import load_mnist
-    from models.store import load_model
+    from bayesgate.attacks import sweep
+    from bayesgate.models.data.mnist import load_mnist
+    from bayesgate.models.store.directory import load_model
 
     for name in ("k", "k_eval", "limit", "batch_size", "steps"):
         _positive(name.replace("_", "-"), getattr(args, name))
@@ -313,8 +313,8 @@ def _write_sweep(
     out: Path, stem: str, figure: str, meta: dict[str, Any], rows: list[dict[str, Any]]
 ) -> None:
     """``<stem>.csv``, ``<stem>.json`` and the figure (or, for detection, the Markdown table)."""
-    from attacks import sweep
-    from attacks.plots import sweep_plot
+    from bayesgate.attacks import sweep
+    from bayesgate.attacks.plots import sweep_plot
 
     out.mkdir(parents=True, exist_ok=True)
     # a fixed model order whatever order they were run in: deterministic, MLPs by α, CNNs

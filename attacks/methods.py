@@ -1,7 +1,8 @@
 """Adversarial attacks on one batch, as thin wrappers over ``cleverhans.torch.attacks``.
 
 Every attack takes ``model`` (a network with a trunk/head split, attacked through its MC
-log-predictive over ``k`` dropout passes — see :mod:`attacks.model_fn` — or a plain callable
+log-predictive over ``k`` dropout passes — see :mod:`bayesgate.attacks.model_fn` — or a plain
+callable
 returning log-probabilities/logits), images ``x`` (B×…, in [0, 1]) and returns adversarial
 images of the same shape, clipped to [0, 1].
 
@@ -25,7 +26,7 @@ from cleverhans.torch.attacks.fast_gradient_method import fast_gradient_method
 from cleverhans.torch.attacks.projected_gradient_descent import projected_gradient_descent
 from torch import nn
 
-from attacks.model_fn import ModelFn, frozen_parameters, log_predictive_fn
+from bayesgate.attacks.model_fn import ModelFn, frozen_parameters, log_predictive_fn
 
 StepCallback = Callable[[int, torch.Tensor], None]
 """Called as ``callback(t, x_t)`` after step ``t`` (and with ``t = 0`` for the start point)."""

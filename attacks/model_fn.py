@@ -4,7 +4,8 @@ For a stochastic network and K dropout passes with masks ``ω_k``::
 
     f(x) = log p̄(·|x) = logsumexp_k log softmax(f^{ω_k}(x)) − log K        (B×C)
 
-(:func:`models.mc.mc_log_predictive`), fresh masks at every call; for a deterministic network
+(:func:`bayesgate.models.mc.engine.mc_log_predictive`), fresh masks at every call; for a
+deterministic network
 ``f(x) = log softmax(f(x))``. cleverhans treats ``f`` as logits and applies a cross-entropy,
 ``−log softmax(f(x))_y = −log p̄(y|x)`` because ``Σ_c p̄_c = 1`` — so its attacks act on the MC
 predictive exactly as the paper's do.
@@ -18,7 +19,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import nn
 
-from models.mc import mc_log_predictive
+from bayesgate.models.mc.engine import mc_log_predictive
 
 ModelFn = Callable[[torch.Tensor], torch.Tensor]
 """``x`` (B×…) ↦ log-probabilities or logits (B×C), differentiable in ``x``."""
@@ -37,7 +38,8 @@ def log_predictive_fn(
         return model
     if not hasattr(model, "trunk") or not hasattr(model, "head"):
         raise ValueError(
-            f"{type(model).__name__} has no trunk/head split; build it with models.networks"
+            f"{type(model).__name__} has no trunk/head split; build it with "
+            "bayesgate.models.networks"
         )
 
     def fn(x: torch.Tensor) -> torch.Tensor:

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from attacks.metrics import auroc, roc_curve
-from attacks.specs import AttackSpec
+from bayesgate.attacks.metrics import auroc, roc_curve
+from bayesgate.attacks.specs import AttackSpec
 
 DPI = 110
 SCORE_LABELS = {

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from attacks.calibrate import SCORE_LABELS, CalibrationRun
-from attacks.plots import histogram_plot, roc_plot
+from bayesgate.attacks.calibrate import SCORE_LABELS, CalibrationRun
+from bayesgate.attacks.plots import histogram_plot, roc_plot
 
 REPORT_FILE = "calibration.md"
 ROC_FILE = "calibration_roc.png"

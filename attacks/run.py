@@ -25,10 +25,10 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from attacks.methods import cw_l2, fgs, pgd, targeted_iterative_fgs
-from attacks.specs import AttackSpec
-from models.evaluate import collect_mc
-from models.uncertainty import predictive_mean
+from bayesgate.attacks.methods import cw_l2, fgs, pgd, targeted_iterative_fgs
+from bayesgate.attacks.specs import AttackSpec
+from bayesgate.models.mc.uncertainty import predictive_mean
+from bayesgate.models.training.evaluate import collect_mc
 
 NO_TARGET = -1
 

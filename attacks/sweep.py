@@ -22,12 +22,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from attacks.calibrate import attack_record, scores_from_probs
-from attacks.run import mc_predictions, run_attack
-from attacks.specs import AttackSpec
-from models.mc import mc_predict
-from models.store import LoadedModel
-from models.uncertainty import mutual_information, predictive_entropy, predictive_mean
+from bayesgate.attacks.calibrate import attack_record, scores_from_probs
+from bayesgate.attacks.run import mc_predictions, run_attack
+from bayesgate.attacks.specs import AttackSpec
+from bayesgate.models.mc.engine import mc_predict
+from bayesgate.models.mc.uncertainty import mutual_information, predictive_entropy, predictive_mean
+from bayesgate.models.store.directory import LoadedModel
 
 FIGURE6_ETAS = tuple(round(0.05 * i, 2) for i in range(11))  # 0, 0.05, …, 0.5
 DETECTION_ATTACKS = (
@@ -243,7 +243,7 @@ def detection(
     attacks only the first ``cw_limit`` images (it is slow). With ``roc_dir``, an ROC plot per
     model is written there as ``detection_roc_<name>.png``.
     """
-    from attacks.plots import roc_plot
+    from bayesgate.attacks.plots import roc_plot
 
     specs = [AttackSpec.parse(a) for a in attacks]
     rows = []

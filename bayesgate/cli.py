@@ -14,7 +14,12 @@ from collections.abc import Sequence
 
 # Modules providing subcommands, in the order they appear in --help. Optional ones (whose
 # dependencies may be missing in a slim install) are skipped with a note if they fail to import.
-COMMAND_MODULES = ("models.cli", "attacks.cli", "service.cli", "models.uci_cli")
+COMMAND_MODULES = (
+    "bayesgate.models.cli",
+    "bayesgate.attacks.cli",
+    "bayesgate.service.cli",
+    "bayesgate.models.uci.cli",
+)
 
 
 class UserError(Exception):
@@ -31,9 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
-            if exc.name and exc.name.split(".")[0] in {"models", "attacks", "service"}:
-                continue  # that part of the toolkit does not exist in this version
-            sub.add_parser(name.split(".")[0], help=f"unavailable: missing dependency {exc.name!r}")
+            if not exc.name or exc.name.split(".")[0] == "bayesgate":
+                raise  # our own code is broken: fail loudly, never hide a subcommand
+            sub.add_parser(
+                name.split(".")[-2], help=f"unavailable: missing dependency {exc.name!r}"
+            )
             continue
         module.register(sub)
     return parser
@@ -41,8 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """Exception types that mean 'the input is wrong', gathered from the packages."""
-    from models.data import DataError
-    from models.store import ModelStoreError
+    from bayesgate.models.data.mnist import DataError
+    from bayesgate.models.store.directory import ModelStoreError
 
     return (UserError, DataError, ModelStoreError, ValueError, FileNotFoundError)
 

@@ -4,7 +4,8 @@ Starts ``bayesgate serve`` itself on 127.0.0.1 (a free port), twice — with bat
 (``max_batch_size`` = ``--max-batch-size``) and without (``max_batch_size = 1``) — and drives each
 with ``--clients`` concurrent keep-alive clients for ``--duration`` seconds (at most
 ``--max-requests`` requests in all), every request one MNIST test image at K = ``--k``. Then it
-times the MC engine alone (``models.mc.mc_predict`` in this process) at the mean batch size the
+times the MC engine alone (``bayesgate.models.mc.engine.mc_predict`` in this process) at the mean
+batch size the
 batching server reported in ``/v1/stats``. All processes use ``--threads`` torch threads.
 
 Prints throughput and p50/p95/p99 latency per mode and the ratios measured in this run:
@@ -37,12 +38,12 @@ from typing import Any
 
 import torch
 
-import models
-from models.calibration import Calibration, write_calibration
-from models.mc import mc_predict
-from models.networks import build_network, preset_architecture
-from models.store import ModelCard, load_model, save_model
-from models.uncertainty import SCORES
+from bayesgate import models
+from bayesgate.models.mc.engine import mc_predict
+from bayesgate.models.mc.uncertainty import SCORES
+from bayesgate.models.networks.dropout import build_network, preset_architecture
+from bayesgate.models.store.calibration import Calibration, write_calibration
+from bayesgate.models.store.directory import ModelCard, load_model, save_model
 
 BUNDLED = Path(models.__file__).parent / "pretrained" / "bayesgate-default"
 HOST = "127.0.0.1"
@@ -73,7 +74,7 @@ def stand_in_model(preset: str, directory: Path) -> Path:
 
 def mnist_images(n: int) -> torch.Tensor:
     """MNIST test images when the data is there, uniform noise otherwise."""
-    from models.data import DataError, load_mnist
+    from bayesgate.models.data.mnist import DataError, load_mnist
 
     try:
         return load_mnist("test", download=False, limit=n)[0]

@@ -25,10 +25,10 @@ from collections.abc import Callable
 
 import torch
 
-from models.device import pick_device
-from models.layers import mc_sampling
-from models.mc import mc_predict
-from models.networks import build_network, preset_architecture
+from bayesgate.models.device import pick_device
+from bayesgate.models.mc.dropout import mc_sampling
+from bayesgate.models.mc.engine import mc_predict
+from bayesgate.models.networks.dropout import build_network, preset_architecture
 
 K = 10
 
@@ -91,8 +91,8 @@ def peak_memory_per_1k_rows(preset: str, rows: int, device: str) -> float:
     """
     code = f"""
 import os, threading, time, torch
-from models.mc import mc_predict
-from models.networks import build_network, preset_architecture
+from bayesgate.models.mc.engine import mc_predict
+from bayesgate.models.networks.dropout import build_network, preset_architecture
 dev = torch.device({device!r})
 m = build_network(preset_architecture({preset!r})).to(dev).eval()
 x = torch.rand({rows} // {K}, 1, 28, 28, device=dev)

@@ -58,7 +58,9 @@ from load import (
     table,
 )
 
-REPLICA_HEADER = "x-bayesgate-replica"  # = service.ray_app.REPLICA_HEADER (not imported: no ray)
+REPLICA_HEADER = (
+    "x-bayesgate-replica"  # = bayesgate.service.ray_app.REPLICA_HEADER (not imported: no ray)
+)
 PLAIN = "-"  # replica name of plain `bayesgate serve` (no header)
 MAX_HEADER_LINES = 100
 MAX_BODY_BYTES = 16 * 1024 * 1024

@@ -5,7 +5,7 @@
 For each preset (paper MLP 3×1000 and CNN) and K, one optimiser step on a batch of random MNIST-
 shaped inputs is timed (median over ``--steps``) two ways:
 - sequential: ``torch.stack([model(x) for _ in range(K)], 1)`` — K full forward passes;
-- vectorised: :func:`models.mc.mc_logits` — trunk once, head on ``K·B`` rows.
+- vectorised: :func:`bayesgate.models.mc.engine.mc_logits` — trunk once, head on ``K·B`` rows.
 It prints examples·K per second for both and their ratio.
 """
 
@@ -18,10 +18,10 @@ from collections.abc import Callable
 
 import torch
 
-from models.device import pick_device
-from models.losses import bbalpha_softmax_loss, l2_penalty
-from models.mc import mc_logits
-from models.networks import build_network, preset_architecture
+from bayesgate.models.device import pick_device
+from bayesgate.models.mc.engine import mc_logits
+from bayesgate.models.mc.losses import bbalpha_softmax_loss, l2_penalty
+from bayesgate.models.networks.dropout import build_network, preset_architecture
 
 
 def step_time(

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import torch
 
-from models.bayes_layers import SAMPLING_MODES
-from models.device import DEVICE_CHOICES, pick_device
-from models.networks import build_network, preset_architecture, preset_names
-from models.store import ModelCard, load_model, save_model, write_card
-from models.train import LOSSES, LR_SCHEDULES, OPTIMIZERS, TrainConfig, train
+from bayesgate.models.device import DEVICE_CHOICES, pick_device
+from bayesgate.models.networks.bbb.layers import SAMPLING_MODES
+from bayesgate.models.networks.dropout import build_network, preset_architecture, preset_names
+from bayesgate.models.store.directory import ModelCard, load_model, save_model, write_card
+from bayesgate.models.training.train import LOSSES, LR_SCHEDULES, OPTIMIZERS, TrainConfig, train
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -106,7 +106,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from models.data import load_mnist, mnist_fingerprint
+    from bayesgate.models.data.mnist import load_mnist, mnist_fingerprint
 
     alpha = _resolve_alpha(args.loss, args.alpha)
     config = TrainConfig(
@@ -179,9 +179,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from models.data import load_mnist
-    from models.evaluate import collect_mc, metrics_from_mc
-    from models.uncertainty import kwon_uncertainty
+    from bayesgate.models.data.mnist import load_mnist
+    from bayesgate.models.mc.uncertainty import kwon_uncertainty
+    from bayesgate.models.training.evaluate import collect_mc, metrics_from_mc
 
     device = pick_device(args.device)
     loaded = load_model(args.model, device)
@@ -197,7 +197,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         seed=args.seed,
         progress=not args.no_progress,
     )
-    metrics = metrics_from_mc(probs, log_probs, y.cpu())  # = models.evaluate.evaluate
+    metrics = metrics_from_mc(
+        probs, log_probs, y.cpu()
+    )  # = bayesgate.models.training.evaluate.evaluate
     aleatoric, epistemic = kwon_uncertainty(probs)
     metrics["mean_kwon_aleatoric"] = float(aleatoric.double().mean())
     metrics["mean_kwon_epistemic"] = float(epistemic.double().mean())

@@ -2,23 +2,31 @@
 
 Layout (data flows one way, top to bottom):
 
-- :mod:`service.settings` — one pydantic-settings object (environment prefix ``BAYESGATE_``);
-- :mod:`service.errors` — domain exceptions and their single mapping to HTTP statuses;
-- :mod:`service.loading` — model + calibration from the store, the served model's summary;
-- :mod:`service.inputs` — request payload → validated ``B×C×H×W`` tensor (never reaches the
+- :mod:`bayesgate.service.settings` — one pydantic-settings object (environment prefix
+``BAYESGATE_``);
+- :mod:`bayesgate.service.errors` — domain exceptions and their single mapping to HTTP statuses;
+- :mod:`bayesgate.service.loading` — model + calibration from the store, the served model's summary;
+- :mod:`bayesgate.service.inputs` — request payload → validated ``B×C×H×W`` tensor (never reaches
+the
   model unvalidated);
-- :mod:`service.predictor` — the MC engine call and the per-instance uncertainty summary;
-- :mod:`service.worker` — the inference thread: bounded queue, dynamic micro-batching;
-- :mod:`service.inference_protocol` — Open Inference Protocol (KServe v2) tensors in and out;
-- :mod:`service.control` — admin changes (reload, threshold/score override), shared by all worker
-  processes; :mod:`service.auth` — the API key of the admin routes;
-- :mod:`service.metrics` — Prometheus metrics (multiprocess-aware); :mod:`service.logs` — JSON
-  logs with request ids; :mod:`service.middleware` — request context, body limit;
-- :mod:`service.routes` — ``/v1`` predict and model routes, ``/v2`` (Open Inference Protocol),
+- :mod:`bayesgate.service.predictor` — the MC engine call and the per-instance uncertainty summary;
+- :mod:`bayesgate.service.worker` — the inference thread: bounded queue, dynamic micro-batching;
+- :mod:`bayesgate.service.inference_protocol` — Open Inference Protocol (KServe v2) tensors in and
+out;
+- :mod:`bayesgate.service.control` — admin changes (reload, threshold/score override), shared by
+all worker
+  processes; :mod:`bayesgate.service.auth` — the API key of the admin routes;
+- :mod:`bayesgate.service.metrics` — Prometheus metrics (multiprocess-aware);
+:mod:`bayesgate.service.logs` — JSON
+  logs with request ids; :mod:`bayesgate.service.middleware` — request context, body limit;
+- :mod:`bayesgate.service.routes` — ``/v1`` predict and model routes, ``/v2`` (Open Inference
+Protocol),
   health, readiness, ``/metrics`` and ``/admin``;
-- :mod:`service.shutdown` — SIGTERM: readiness off, drain, exit 0;
-- :mod:`service.app` — the app factory and its lifespan; :mod:`service.cli` — ``bayesgate serve``;
-- :mod:`service.ray_app`, :mod:`service.ray_settings`, :mod:`service.ray_run` — the same app as a
+- :mod:`bayesgate.service.shutdown` — SIGTERM: readiness off, drain, exit 0;
+- :mod:`bayesgate.service.app` — the app factory and its lifespan; :mod:`bayesgate.service.cli` —
+``bayesgate serve``;
+- :mod:`bayesgate.service.ray_app`, :mod:`bayesgate.service.ray_settings`,
+:mod:`bayesgate.service.ray_run` — the same app as a
   Ray Serve application (``bayesgate serve --ray``; needs the ``ray`` extra).
 """
 
@@ -30,13 +38,13 @@ __all__ = ["Settings", "create_app"]
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy, so that `import service.cli` (done by every `bayesgate` command) stays cheap.
+    # Lazy, so that `import bayesgate.service.cli` (done by every `bayesgate` command) stays cheap.
     if name == "create_app":
-        from service.app import create_app
+        from bayesgate.service.app import create_app
 
         return create_app
     if name == "Settings":
-        from service.settings import Settings
+        from bayesgate.service.settings import Settings
 
         return Settings
     raise AttributeError(f"module 'service' has no attribute {name!r}")

@@ -4,7 +4,7 @@ Lifespan: load the model (store, sha256-checked) → start the inference thread 
 ready (metrics on, SIGTERM drain handler installed, admin watcher started when several processes
 share a runtime directory) → serve → not ready → stop the worker.
 
-``create_app()`` with no argument reads :class:`~service.settings.Settings` from the
+``create_app()`` with no argument reads :class:`~bayesgate.service.settings.Settings` from the
 environment; this is what ``bayesgate serve`` hands to uvicorn (``factory=True``), so every
 uvicorn worker process builds its own app, model and inference thread.
 """
@@ -20,22 +20,22 @@ from contextlib import asynccontextmanager
 import torch
 from fastapi import FastAPI
 
-from service.auth import key_digest
-from service.control import ModelControl
-from service.deps import default_mc_samples
-from service.errors import ServiceError, StartupError, install_error_handlers
-from service.loading import ServingModel, load_serving_model
-from service.logs import configure_logging
-from service.metrics import Metrics
-from service.middleware import (
+from bayesgate.service.auth import key_digest
+from bayesgate.service.control import ModelControl
+from bayesgate.service.deps import default_mc_samples
+from bayesgate.service.errors import ServiceError, StartupError, install_error_handlers
+from bayesgate.service.loading import ServingModel, load_serving_model
+from bayesgate.service.logs import configure_logging
+from bayesgate.service.metrics import Metrics
+from bayesgate.service.middleware import (
     BodyLimitMiddleware,
     RequestContextMiddleware,
     StartupMessageMiddleware,
 )
-from service.routes import api_router, route_templates
-from service.settings import Settings
-from service.shutdown import install_drain_handler
-from service.worker import BatchWorker, WorkerStats
+from bayesgate.service.routes import api_router, route_templates
+from bayesgate.service.settings import Settings
+from bayesgate.service.shutdown import install_drain_handler
+from bayesgate.service.worker import BatchWorker, WorkerStats
 
 log = logging.getLogger("bayesgate.service")
 

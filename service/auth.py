@@ -20,7 +20,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
-from service.errors import AdminDisabled, Unauthorized
+from bayesgate.service.errors import AdminDisabled, Unauthorized
 
 bearer_scheme = HTTPBearer(
     auto_error=False,

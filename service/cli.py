@@ -28,10 +28,12 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pydantic import ValidationError
 
-    from service.settings import Settings
+    from bayesgate.service.settings import Settings
 
-ENV_PREFIX = "BAYESGATE_"  # = service.settings.ENV_PREFIX (not imported: keeps --help fast)
-MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # = service.metrics.MULTIPROC_ENV (must not be
+ENV_PREFIX = (
+    "BAYESGATE_"  # = bayesgate.service.settings.ENV_PREFIX (not imported: keeps --help fast)
+)
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # = bayesgate.service.metrics.MULTIPROC_ENV (must not be
 # imported before the variable is set: prometheus_client picks its mode at import)
 
 
@@ -85,11 +87,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
     from pydantic import ValidationError
 
-    from models.device import pick_device
-    from service.errors import StartupError
-    from service.loading import load_serving_model
-    from service.logs import uvicorn_log_config
-    from service.settings import settings_from_env
+    from bayesgate.models.device import pick_device
+    from bayesgate.service.errors import StartupError
+    from bayesgate.service.loading import load_serving_model
+    from bayesgate.service.logs import uvicorn_log_config
+    from bayesgate.service.settings import settings_from_env
 
     overrides = {
         "host": args.host,
@@ -126,7 +128,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _exit_cleanly)
     try:
         uvicorn.run(
-            "service.app:create_app",
+            "bayesgate.service.app:create_app",
             factory=True,
             host=settings.host,
             port=settings.port,
@@ -146,9 +148,9 @@ def _serve_on_ray(settings: Settings, address: str | None, detach: bool) -> int:
     from pydantic import ValidationError
 
     try:
-        import ray.serve  # noqa: F401  (the extra; service.ray_run imports it only when it runs)
+        import ray.serve  # noqa: F401  (the extra; bayesgate.service.ray_run imports it only when it runs)
 
-        from service.ray_run import DeployFailed, run_on_ray
+        from bayesgate.service.ray_run import DeployFailed, run_on_ray
     except ImportError as exc:
         raise ValueError(
             f"--ray needs Ray Serve ({exc.name} is not installed): pip install 'bayesgate[ray]'"
@@ -183,7 +185,7 @@ def _prepare_shared_dirs(workers: int, runtime_dir: Path | None) -> Path | None:
         os.environ[ENV_PREFIX + "RUNTIME_DIR"] = str(runtime_dir)
     if runtime_dir is not None:
         runtime_dir.mkdir(parents=True, exist_ok=True)
-        from service.control import forget_admin_changes
+        from bayesgate.service.control import forget_admin_changes
 
         forget_admin_changes(runtime_dir)
         if workers > 1 and MULTIPROC_ENV not in os.environ:
@@ -191,7 +193,7 @@ def _prepare_shared_dirs(workers: int, runtime_dir: Path | None) -> Path | None:
     metrics_dir = os.environ.get(MULTIPROC_ENV)
     if metrics_dir:
         Path(metrics_dir).mkdir(parents=True, exist_ok=True)
-        from service.metrics import clear_directory  # after the variable is set
+        from bayesgate.service.metrics import clear_directory  # after the variable is set
 
         clear_directory(metrics_dir)
     return created

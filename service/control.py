@@ -1,6 +1,6 @@
 """Admin changes to the served model, applied in every worker process.
 
-Two kinds of change (routes in :mod:`service.routes.admin`):
+Two kinds of change (routes in :mod:`bayesgate.service.routes.admin`):
 
 - **reload**: read the model and ``calibration.json`` again from the configured
   ``BAYESGATE_MODEL_DIR`` — through the model store, so the weights' sha256 is checked against the
@@ -35,12 +35,12 @@ from typing import Any
 
 import torch
 
-from models.mc import mc_predict
-from models.uncertainty import SCORES
-from service.errors import InvalidInput, ReloadFailed, StartupError
-from service.loading import ServingModel, load_serving_model
-from service.metrics import Metrics
-from service.settings import Settings
+from bayesgate.models.mc.engine import mc_predict
+from bayesgate.models.mc.uncertainty import SCORES
+from bayesgate.service.errors import InvalidInput, ReloadFailed, StartupError
+from bayesgate.service.loading import ServingModel, load_serving_model
+from bayesgate.service.metrics import Metrics
+from bayesgate.service.settings import Settings
 
 log = logging.getLogger("bayesgate.service")
 

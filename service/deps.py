@@ -10,10 +10,10 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from service.errors import NotReady
-from service.loading import ServingModel
-from service.settings import Settings
-from service.worker import BatchWorker
+from bayesgate.service.errors import NotReady
+from bayesgate.service.loading import ServingModel
+from bayesgate.service.settings import Settings
+from bayesgate.service.worker import BatchWorker
 
 
 async def get_settings(request: Request) -> Settings:

@@ -1,7 +1,7 @@
 """Open Inference Protocol (KServe v2 / Triton HTTP) tensors: request decoding, response encoding.
 
 The served model has one input and eight outputs (``B`` = batch, ``C`` = classes; per instance
-``b`` with MC samples ``p_k``, the quantities of :mod:`service.predictor`):
+``b`` with MC samples ``p_k``, the quantities of :mod:`bayesgate.service.predictor`):
 
 - ``input`` FP32 ``[-1, *card input shape]`` (``[-1, 1, 28, 28]``), values in the card's range;
 - ``probabilities`` FP32 ``[-1, C]``: ``p̄ = (1/K) Σ_k p_k``;
@@ -39,10 +39,10 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.errors import InvalidInput
-from service.inputs import check_values
-from service.loading import ServingModel
-from service.schemas import MAX_SEED
+from bayesgate.service.errors import InvalidInput
+from bayesgate.service.inputs import check_values
+from bayesgate.service.loading import ServingModel
+from bayesgate.service.schemas import MAX_SEED
 
 INPUT_NAME = "input"
 INPUT_DATATYPE = "FP32"
@@ -347,7 +347,8 @@ def parse_infer_request(payload: Any, serving: ServingModel, max_instances: int)
 def encode_outputs(
     predictions: list[dict[str, Any]], names: list[str], num_classes: int
 ) -> list[dict[str, Any]]:
-    """Per-instance answers (:func:`service.predictor.summarise`) → output tensors, flat data."""
+    """Per-instance answers (:func:`bayesgate.service.predictor.summarise`) → output tensors, flat
+    data."""
     batch = len(predictions)
     out = []
     for name in names:

@@ -1,7 +1,8 @@
 """Request payloads → one validated float32 tensor ``B×(card input shape)`` in the card's range.
 
 Nothing reaches the model before passing these checks: every rejection is an
-:class:`~service.errors.InvalidInput` naming the field (``instances[3]``, ``images[0]``) and
+:class:`~bayesgate.service.errors.InvalidInput` naming the field (``instances[3]``, ``images[0]``)
+and
 what was expected.
 
 - ``instances``: each image as nested lists in the card's shape (``1×28×28``), the same without
@@ -24,7 +25,7 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from service.errors import InvalidInput, TooManyInstances
+from bayesgate.service.errors import InvalidInput, TooManyInstances
 
 _DATA_URL_PREFIX = "data:image/png;base64,"
 

@@ -15,10 +15,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from models.calibration import Calibration, read_calibration
-from models.device import pick_device
-from models.store import ModelCard, ModelStoreError, load_model
-from service.errors import StartupError
+from bayesgate.models.device import pick_device
+from bayesgate.models.store.calibration import Calibration, read_calibration
+from bayesgate.models.store.directory import ModelCard, ModelStoreError, load_model
+from bayesgate.service.errors import StartupError
 
 # Keys an attack entry of calibration.json may use for its name and its AUROC.
 _ATTACK_NAME_KEYS = ("attack", "name", "id")

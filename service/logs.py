@@ -114,7 +114,7 @@ def uvicorn_log_config(level: str, fmt: str) -> dict[str, Any] | None:
     return {
         "version": 1,
         "disable_existing_loggers": False,
-        "formatters": {"json": {"()": "service.logs.JsonFormatter"}},
+        "formatters": {"json": {"()": "bayesgate.service.logs.JsonFormatter"}},
         "handlers": {
             "stderr": {
                 "class": "logging.StreamHandler",

@@ -4,7 +4,8 @@ and one-line start-up failures.
 :class:`RequestContextMiddleware` (outermost) gives each request an id — the client's
 ``X-Request-ID`` when it is 1–128 safe characters, else a new one — echoes it in the response's
 ``X-Request-ID``, makes it visible to every log record of the request
-(:data:`service.logs.REQUEST_ID`), counts and times the request in Prometheus by route template,
+(:data:`bayesgate.service.logs.REQUEST_ID`), counts and times the request in Prometheus by route
+template,
 and writes one JSON access-log line (``bayesgate.access``; health, readiness and metrics probes at
 DEBUG so they do not flood the log). Query strings and headers are never logged.
 
@@ -13,7 +14,8 @@ large, and stops a chunked body as soon as it grows past the limit (``PayloadToo
 from ``receive`` inside the route, so the app's error handlers map it).
 
 :class:`StartupMessageMiddleware` replaces the traceback Starlette puts in a
-``lifespan.startup.failed`` message by the :class:`~service.errors.StartupError` text, so a
+``lifespan.startup.failed`` message by the :class:`~bayesgate.service.errors.StartupError` text, so
+a
 server that cannot load its model logs one line naming the file and the problem.
 """
 
@@ -27,9 +29,9 @@ from typing import Any
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.errors import PayloadTooLarge, error_response, is_v2_path
-from service.logs import REQUEST_ID, accept_request_id
-from service.metrics import Metrics
+from bayesgate.service.errors import PayloadTooLarge, error_response, is_v2_path
+from bayesgate.service.logs import REQUEST_ID, accept_request_id
+from bayesgate.service.metrics import Metrics
 
 access_log = logging.getLogger("bayesgate.access")
 

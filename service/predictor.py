@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from models import uncertainty
-from models.calibration import Calibration
-from models.mc import mc_predict
+from bayesgate.models.mc import uncertainty
+from bayesgate.models.mc.engine import mc_predict
+from bayesgate.models.store.calibration import Calibration
 
 # (network, x B×…, k, generator or None) → probs B×K×C
 Engine = Callable[[nn.Module, torch.Tensor, int, "torch.Generator | None"], torch.Tensor]
@@ -28,7 +28,8 @@ Engine = Callable[[nn.Module, torch.Tensor, int, "torch.Generator | None"], torc
 def mc_engine(
     network: nn.Module, x: torch.Tensor, k: int, generator: torch.Generator | None
 ) -> torch.Tensor:
-    """The MC engine: ``B×K×C`` probabilities of K dropout passes (``models.mc.mc_predict``)."""
+    """The MC engine: ``B×K×C`` probabilities of K dropout passes
+    (``bayesgate.models.mc.engine.mc_predict``)."""
     return mc_predict(network, x, k, generator=generator).probs
 
 
@@ -49,7 +50,7 @@ def summarise(
         "variation_ratio": uncertainty.variation_ratio(probs),
     }
     # The calibrated score is one of the three (computed once); any other name goes through
-    # models.uncertainty.score, which knows every score it can threshold.
+    # bayesgate.models.mc.uncertainty.score, which knows every score it can threshold.
     score = measures.get(calibration.score)
     if score is None:
         score = uncertainty.score(probs, calibration.score)

@@ -1,11 +1,13 @@
 """The BayesGate service as a Ray Serve application: same app factory, same routes, same batching.
 
-Each replica is a Ray actor that builds the FastAPI app with :func:`service.app.create_app`
+Each replica is a Ray actor that builds the FastAPI app with
+:func:`bayesgate.service.app.create_app`
 (``@serve.ingress`` with a late-bound app), so every ``/v1``, ``/v2``, health and admin route is
 served unchanged behind Ray's HTTP proxy, and Ray runs the app's lifespan: load the model
 (sha256-checked), start the inference thread, warm up, ready.
 
-One batching mechanism: the replica's :class:`service.worker.BatchWorker` merges the requests Ray
+One batching mechanism: the replica's :class:`bayesgate.service.worker.BatchWorker` merges the
+requests Ray
 lets into the replica (up to ``max_ongoing_requests``) into micro-batches of up to
 ``max_batch_size`` instances, waiting at most ``max_queue_delay_ms`` — the same code and the
 same seeded-job semantics as ``bayesgate serve``, so a seeded request gets the same answer from
@@ -13,9 +15,9 @@ either. ``@serve.batch`` is not used: it would be a second queue in front of the
 
 Settings come from the replica's environment (``BAYESGATE_*``, shipped as the application's
 ``runtime_env`` env vars) plus explicit overrides; replica count, placement and admission from
-:class:`service.ray_settings.RaySettings`. Two ways in:
+:class:`bayesgate.service.ray_settings.RaySettings`. Two ways in:
 
-- ``bayesgate serve --ray [--address ADDR]`` (:mod:`service.ray_run`);
+- ``bayesgate serve --ray [--address ADDR]`` (:mod:`bayesgate.service.ray_run`);
 - ``serve deploy deploy/ray-serve.yaml``, whose ``import_path`` is :func:`app_builder`.
 
 Every response carries ``X-BayesGate-Replica`` (the Ray replica id) so clients, load tests and
@@ -33,8 +35,8 @@ from ray import serve
 from ray.serve import Application
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.ray_settings import DEPLOYMENT_NAME, RaySettings, cluster_options
-from service.settings import Settings, settings_from_env
+from bayesgate.service.ray_settings import DEPLOYMENT_NAME, RaySettings, cluster_options
+from bayesgate.service.settings import Settings, settings_from_env
 
 REPLICA_HEADER = "x-bayesgate-replica"
 REQUEST_ID = b"x-request-id"
@@ -65,7 +67,7 @@ class ReplicaHeaderMiddleware:
 
 @serve.ingress()
 class BayesGateReplica:
-    """One replica: the app of :func:`service.app.create_app`, built at replica start."""
+    """One replica: the app of :func:`bayesgate.service.app.create_app`, built at replica start."""
 
     def __init__(self, overrides: dict[str, Any] | None = None) -> None:
         self.settings: Settings = settings_from_env(**(overrides or {}))
@@ -86,8 +88,9 @@ class BayesGateReplica:
 
 
 def create_replica_app(settings: Settings, replica_id: str) -> FastAPI:
-    """:func:`service.app.create_app` plus the replica header (importable without a replica)."""
-    from service.app import create_app
+    """:func:`bayesgate.service.app.create_app` plus the replica header (importable without a
+    replica)."""
+    from bayesgate.service.app import create_app
 
     app = create_app(settings)
     app.add_middleware(ReplicaHeaderMiddleware, replica=replica_id)
@@ -101,7 +104,8 @@ def build_application(
     options: dict[str, Any], overrides: dict[str, Any] | None = None
 ) -> Application:
     """The bound Serve application: the deployment with ``options``
-    (:func:`service.ray_settings.cluster_options`), its replicas built with ``overrides`` on top
+    (:func:`bayesgate.service.ray_settings.cluster_options`), its replicas built with ``overrides``
+    on top
     of their ``BAYESGATE_*`` environment."""
     return BayesGateDeployment.options(**options).bind(overrides or {})
 

@@ -26,16 +26,16 @@ import threading
 from pathlib import Path
 from types import FrameType, ModuleType
 
-from service.control import forget_admin_changes
-from service.logs import configure_logging
-from service.ray_settings import (
+from bayesgate.service.control import forget_admin_changes
+from bayesgate.service.logs import configure_logging
+from bayesgate.service.ray_settings import (
     RaySettings,
     check_settings,
     cluster_options,
     describe_options,
     ray_logging_config,
 )
-from service.settings import ENV_PREFIX, Settings
+from bayesgate.service.settings import ENV_PREFIX, Settings
 
 log = logging.getLogger("bayesgate.ray")
 
@@ -104,7 +104,7 @@ def run_on_ray(settings: Settings, address: str | None, detach: bool) -> int:
     import ray
     from ray import serve
 
-    from service.ray_app import build_application
+    from bayesgate.service.ray_app import build_application
 
     configure_logging(settings.log_level, settings.log_format)
     ray_settings = RaySettings()

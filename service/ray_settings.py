@@ -1,6 +1,7 @@
 """Ray Serve settings (prefix ``BAYESGATE_RAY_``) and the deployment options built from them.
 
-The service settings (:class:`service.settings.Settings`: model, K, batch size, queue, timeouts)
+The service settings (:class:`bayesgate.service.settings.Settings`: model, K, batch size, queue,
+timeouts)
 are the same as for ``bayesgate serve``; these add only what Ray decides — how many replicas,
 where they run, and how much traffic each may hold:
 
@@ -10,7 +11,7 @@ where they run, and how much traffic each may hold:
   GPU). ``num_gpus`` unset means one whole GPU per replica if the cluster has GPUs (and the
   service device is not ``cpu``), else none.
 - ``max_ongoing_requests``: requests Ray lets into one replica at a time. Cross-request batching
-  happens *inside* a replica (:class:`service.worker.BatchWorker`), so this must exceed
+  happens *inside* a replica (:class:`bayesgate.service.worker.BatchWorker`), so this must exceed
   ``max_batch_size`` or a full batch can never form; default ``2 × max_batch_size`` capped at the
   worker's ``queue_capacity`` (more would only turn into 503s inside the replica).
 """
@@ -22,7 +23,7 @@ from typing import Any, Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from service.settings import Settings
+from bayesgate.service.settings import Settings
 
 RAY_ENV_PREFIX = "BAYESGATE_RAY_"
 DEPLOYMENT_NAME = "BayesGate"

@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-import models
+from bayesgate import models
 
 ENV_PREFIX = "BAYESGATE_"
 DEFAULT_MODEL_DIR = Path(models.__file__).parent / "pretrained" / "bayesgate-default"

@@ -20,7 +20,7 @@ thread keeps serving. Expired or cancelled jobs are dropped before they reach th
 The served model can be replaced while the worker runs (``worker.model = new``, an admin reload):
 each engine call reads ``model`` once, so a batch runs entirely on the old or the new one. With
 ``metrics`` set (after the warm-up), queue depth, queue time, compute time, batch sizes, outcomes
-and flagged instances go to Prometheus (:class:`service.metrics.Metrics`).
+and flagged instances go to Prometheus (:class:`bayesgate.service.metrics.Metrics`).
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ from typing import Any
 
 import torch
 
-from service.errors import DeadlineExceeded, InferenceFailed, NotReady, QueueFull
-from service.loading import ServingModel
-from service.metrics import Metrics
-from service.predictor import Engine, mc_engine, summarise
+from bayesgate.service.errors import DeadlineExceeded, InferenceFailed, NotReady, QueueFull
+from bayesgate.service.loading import ServingModel
+from bayesgate.service.metrics import Metrics
+from bayesgate.service.predictor import Engine, mc_engine, summarise
 
 log = logging.getLogger("bayesgate.service")
 

@@ -3,7 +3,7 @@ readiness and metrics, and the key-protected ``/admin`` routes."""
 
 from fastapi import APIRouter
 
-from service.routes import admin, health, models, predict, v2
+from bayesgate.service.routes import admin, health, models, predict, v2
 
 # (prefix, router): the single list both the app and the route templates are built from.
 INCLUDED: tuple[tuple[str, APIRouter], ...] = (

@@ -1,4 +1,5 @@
-"""Admin routes (API key required, see :mod:`service.auth`); changes apply to every worker process.
+"""Admin routes (API key required, see :mod:`bayesgate.service.auth`); changes apply to every
+worker process.
 
 =============================  ==============================================================
 ``POST /admin/reload``         read the model and calibration.json again from
@@ -9,7 +10,7 @@
 =============================  ==============================================================
 
 No route takes a model file, a path or a URL: the model comes only from the configured store.
-What a change does is in :mod:`service.control`.
+What a change does is in :mod:`bayesgate.service.control`.
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from service.auth import require_admin
-from service.control import AdminState, ModelControl
-from service.deps import ServingDep
-from service.errors import InvalidInput, describe_validation_errors
-from service.routes.predict import parse_json
-from service.schemas import error_responses
+from bayesgate.service.auth import require_admin
+from bayesgate.service.control import AdminState, ModelControl
+from bayesgate.service.deps import ServingDep
+from bayesgate.service.errors import InvalidInput, describe_validation_errors
+from bayesgate.service.routes.predict import parse_json
+from bayesgate.service.schemas import error_responses
 
 router = APIRouter(
     prefix="/admin",

@@ -1,7 +1,7 @@
 """``GET /healthz`` (alive), ``GET /readyz`` (ready for traffic) and ``GET /metrics``.
 
 Readiness is 503 before the model is loaded and warmed up, and again from SIGTERM on (while the
-server drains, see :mod:`service.shutdown`). None of these routes needs a key.
+server drains, see :mod:`bayesgate.service.shutdown`). None of these routes needs a key.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from service.deps import ReadyDep
-from service.schemas import ERROR_RESPONSES
+from bayesgate.service.deps import ReadyDep
+from bayesgate.service.schemas import ERROR_RESPONSES
 
 router = APIRouter(tags=["health"])
 

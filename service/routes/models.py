@@ -6,9 +6,9 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from service.deps import ServingDep, SettingsDep, WorkerDep
-from service.errors import ModelNotFound
-from service.schemas import ModelList, error_responses
+from bayesgate.service.deps import ServingDep, SettingsDep, WorkerDep
+from bayesgate.service.errors import ModelNotFound
+from bayesgate.service.schemas import ModelList, error_responses
 
 router = APIRouter(tags=["models"])
 

@@ -1,6 +1,6 @@
 """``POST /v1/predict`` (JSON) and ``POST /v1/predict/file`` (multipart upload of one PNG).
 
-Both decode and validate the input first (:mod:`service.inputs`), then hand one job to the
+Both decode and validate the input first (:mod:`bayesgate.service.inputs`), then hand one job to the
 worker and await its answer; nothing here touches the model.
 """
 
@@ -15,12 +15,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.deps import ServingDep, SettingsDep, WorkerDep, default_mc_samples
-from service.errors import InvalidInput, UnsupportedMediaType, describe_validation_errors
-from service.inputs import decode_images, decode_instances, decode_png
-from service.loading import ServingModel
-from service.schemas import MAX_SEED, PredictRequest, PredictResponse, error_responses
-from service.settings import Settings
+from bayesgate.service.deps import ServingDep, SettingsDep, WorkerDep, default_mc_samples
+from bayesgate.service.errors import InvalidInput, UnsupportedMediaType, describe_validation_errors
+from bayesgate.service.inputs import decode_images, decode_instances, decode_png
+from bayesgate.service.loading import ServingModel
+from bayesgate.service.schemas import MAX_SEED, PredictRequest, PredictResponse, error_responses
+from bayesgate.service.settings import Settings
 
 router = APIRouter(tags=["predict"])
 

@@ -11,7 +11,7 @@
 
 Errors are ``{"error": "<message>"}`` with 400 (any bad request), 404 (unknown model), 503 (not
 ready, draining, queue full or request timeout), 500 (inference failed), and 413 for a body over
-``BAYESGATE_MAX_BODY_BYTES``. Tensor coding is in :mod:`service.inference_protocol`; the
+``BAYESGATE_MAX_BODY_BYTES``. Tensor coding is in :mod:`bayesgate.service.inference_protocol`; the
 inference itself is the same worker job as ``/v1/predict``, so the same input, seed and K give
 the same numbers on both APIs.
 """
@@ -23,9 +23,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from service.deps import ReadyDep, ServingDep, SettingsDep, WorkerDep
-from service.errors import InvalidInput, ModelNotFound
-from service.inference_protocol import (
+from bayesgate.service.deps import ReadyDep, ServingDep, SettingsDep, WorkerDep
+from bayesgate.service.errors import InvalidInput, ModelNotFound
+from bayesgate.service.inference_protocol import (
     InferRequest,
     InferResponse,
     LiveResponse,
@@ -37,9 +37,9 @@ from service.inference_protocol import (
     model_metadata,
     parse_infer_request,
 )
-from service.loading import ServingModel
-from service.routes.predict import parse_json, resolve_k
-from service.schemas import error_responses
+from bayesgate.service.loading import ServingModel
+from bayesgate.service.routes.predict import parse_json, resolve_k
+from bayesgate.service.schemas import error_responses
 
 router = APIRouter(tags=["open inference protocol (v2)"])
 

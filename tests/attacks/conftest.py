@@ -10,9 +10,9 @@ import pytest
 import torch
 from attacks_testnets import LinearNet
 
-from models.networks import build_network, preset_architecture
-from models.store import ModelCard, save_model
-from models.train import TrainConfig, train
+from bayesgate.models.networks.dropout import build_network, preset_architecture
+from bayesgate.models.store.directory import ModelCard, save_model
+from bayesgate.models.training.train import TrainConfig, train
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -30,7 +30,7 @@ def linear_net() -> LinearNet:
 
 
 def _train_tiny(preset: str, out: Path, epochs: int) -> Path:
-    from models.data import load_mnist
+    from bayesgate.models.data.mnist import load_mnist
 
     x, y = load_mnist("train", limit=3000)
     arch = preset_architecture(preset)

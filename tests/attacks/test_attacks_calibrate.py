@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from attacks.calibrate import attack_record, calibrate, fit_thresholds, scores_from_probs
-from attacks.run import AttackOutcome
-from attacks.specs import AttackSpec
+from bayesgate.attacks.calibrate import attack_record, calibrate, fit_thresholds, scores_from_probs
+from bayesgate.attacks.run import AttackOutcome
+from bayesgate.attacks.specs import AttackSpec
 from bayesgate.cli import main
-from models.calibration import read_calibration
-from models.store import load_model, read_card
+from bayesgate.models.store.calibration import read_calibration
+from bayesgate.models.store.directory import load_model, read_card
 
 
 def test_fit_thresholds_on_hand_made_scores() -> None:
@@ -238,7 +238,7 @@ def test_cli_user_errors(
 
 
 def test_detection_table_layout() -> None:
-    from attacks.sweep import detection_table
+    from bayesgate.attacks.sweep import detection_table
 
     def row(model: str, score: str, auroc: float | None) -> dict:
         return {

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from attacks.sweep import describe
-from models.networks import build_network, preset_architecture
-from models.store import ModelCard, load_model, save_model
+from bayesgate.attacks.sweep import describe
+from bayesgate.models.networks.dropout import build_network, preset_architecture
+from bayesgate.models.store.directory import ModelCard, load_model, save_model
 
 
 @pytest.mark.parametrize(

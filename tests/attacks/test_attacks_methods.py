@@ -10,10 +10,10 @@ import torch
 from attacks_testnets import LinearNet
 from cleverhans.torch.attacks.projected_gradient_descent import projected_gradient_descent
 
-from attacks.methods import cw_l2, fgs, pgd, targeted_iterative_fgs
-from attacks.model_fn import log_predictive_fn
-from models.mc import mc_log_predictive
-from models.networks import build_network, preset_architecture
+from bayesgate.attacks.methods import cw_l2, fgs, pgd, targeted_iterative_fgs
+from bayesgate.attacks.model_fn import log_predictive_fn
+from bayesgate.models.mc.engine import mc_log_predictive
+from bayesgate.models.networks.dropout import build_network, preset_architecture
 
 
 def _images(n: int = 6, seed: int = 1) -> torch.Tensor:

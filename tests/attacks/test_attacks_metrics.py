@@ -1,11 +1,11 @@
-"""attacks.metrics against hand-made score arrays and brute-force float64 references."""
+"""bayesgate.attacks.metrics against hand-made score arrays and brute-force float64 references."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from attacks.metrics import (
+from bayesgate.attacks.metrics import (
     auroc,
     detection_metrics,
     flag_rate,

@@ -10,8 +10,8 @@ import pytest
 import torch
 from attacks_testnets import LinearNet
 
-from attacks.run import NO_TARGET, choose_targets, run_attack
-from attacks.specs import DEFAULT_ATTACKS, AttackSpec, parse_attacks
+from bayesgate.attacks.run import NO_TARGET, choose_targets, run_attack
+from bayesgate.attacks.specs import DEFAULT_ATTACKS, AttackSpec, parse_attacks
 
 
 def test_spec_parse_fills_defaults_and_round_trips() -> None:

@@ -17,8 +17,8 @@ import pytest
 import yaml
 from deploy_files import COMPOSE_FILE, Dockerfile, parse_dockerfile
 
-from service.loading import load_serving_model
-from service.settings import DEFAULT_MODEL_DIR
+from bayesgate.service.loading import load_serving_model
+from bayesgate.service.settings import DEFAULT_MODEL_DIR
 
 
 def find_tool(name: str) -> str:

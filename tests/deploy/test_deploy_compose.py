@@ -13,7 +13,7 @@ import pytest
 import yaml
 from deploy_files import COMPOSE_FILE, REPO_ROOT, Dockerfile, compose_environment, interpolate
 
-from service.settings import Settings
+from bayesgate.service.settings import Settings
 
 SCHEMA_ARGS = ["--builtin-schema", "vendor.compose-spec"]
 
@@ -126,7 +126,7 @@ def test_service_environment_names_real_settings_with_their_defaults(
     for key, value in env.items():
         assert key.startswith("BAYESGATE_"), key
         field = key.removeprefix("BAYESGATE_").lower()
-        assert field in fields, f"{key} is not a setting of service.settings.Settings"
+        assert field in fields, f"{key} is not a setting of bayesgate.service.settings.Settings"
         if field in DEPLOYMENT_SPECIFIC:
             continue
         parsed = getattr(Settings(**{field: value}), field)

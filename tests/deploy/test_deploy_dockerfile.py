@@ -19,7 +19,7 @@ from deploy_files import (
     read_dockerignore,
 )
 
-from service.settings import Settings
+from bayesgate.service.settings import Settings
 
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
@@ -153,7 +153,7 @@ def test_dockerignore_matching_rules(tmp_path: Path) -> None:
     path.write_text("# comment\ndata\n**/__pycache__\n/docs/\n!docs/keep.md\n")
     rules = read_dockerignore(path)
     assert dockerignore_excludes(rules, "data/mnist/x.gz")
-    assert not dockerignore_excludes(rules, "models/data.py")
+    assert not dockerignore_excludes(rules, "models/data/mnist.py")
     assert not dockerignore_excludes(rules, "models/data/x.py")
     assert dockerignore_excludes(rules, "__pycache__/a.pyc")
     assert dockerignore_excludes(rules, "models/sub/__pycache__/a.pyc")

@@ -30,7 +30,7 @@ import pytest
 import torch
 from deploy_files import REPO_ROOT, Dockerfile, compose_environment
 
-from models.store import read_card
+from bayesgate.models.store.directory import read_card
 
 READY_TIMEOUT_S = 90.0
 VENV_BIN = Path(sys.executable).parent

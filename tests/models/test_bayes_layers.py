@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.bayes_layers import (
+from bayesgate.models.mc.dropout import mc_sampling
+from bayesgate.models.networks.bbb.layers import (
     BayesConv2d,
     BayesLinear,
     GaussianPrior,
@@ -19,7 +20,6 @@ from models.bayes_layers import (
     make_prior,
     set_sampling,
 )
-from models.layers import mc_sampling
 
 
 def _gen(seed: int) -> torch.Generator:

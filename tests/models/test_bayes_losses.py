@@ -8,7 +8,7 @@ from fractions import Fraction
 import pytest
 import torch
 
-from models.bayes_losses import (
+from bayesgate.models.networks.bbb.losses import (
     bbb_bbalpha_loss,
     beta_weight,
     elbo_loss,

@@ -12,13 +12,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.bayes_layers import BayesConv2d, BayesLinear, bayes_layers, kl_divergence
-from models.bayes_networks import BBBAlexNet, BBBLeNet5
-from models.mc import mc_log_predictive, mc_logits, mc_predict
-from models.networks import build_network, preset_architecture, preset_names
-from models.store import ModelCard, load_model, save_model
-from models.train import TrainConfig, train
-from models.uncertainty import kwon_uncertainty, kwon_variance
+from bayesgate.models.mc.engine import mc_log_predictive, mc_logits, mc_predict
+from bayesgate.models.mc.uncertainty import kwon_uncertainty, kwon_variance
+from bayesgate.models.networks.bbb.layers import (
+    BayesConv2d,
+    BayesLinear,
+    bayes_layers,
+    kl_divergence,
+)
+from bayesgate.models.networks.bbb.networks import BBBAlexNet, BBBLeNet5
+from bayesgate.models.networks.dropout import build_network, preset_architecture, preset_names
+from bayesgate.models.store.directory import ModelCard, load_model, save_model
+from bayesgate.models.training.train import TrainConfig, train
 
 
 def _gen(seed: int) -> torch.Generator:

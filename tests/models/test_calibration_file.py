@@ -9,8 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from models.calibration import CALIBRATION_FORMAT, Calibration, read_calibration, write_calibration
-from models.store import CALIBRATION_FILE, ModelStoreError
+from bayesgate.models.store.calibration import (
+    CALIBRATION_FORMAT,
+    Calibration,
+    read_calibration,
+    write_calibration,
+)
+from bayesgate.models.store.directory import CALIBRATION_FILE, ModelStoreError
 
 SHA = "ab" * 32
 

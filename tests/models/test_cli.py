@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from bayesgate.cli import main
-from models.data import MNIST_FINGERPRINT, load_mnist
-from models.mc import mc_predict
-from models.store import CARD_FILE, WEIGHTS_FILE, load_model, read_card
+from bayesgate.models.data.mnist import MNIST_FINGERPRINT, load_mnist
+from bayesgate.models.mc.engine import mc_predict
+from bayesgate.models.store.directory import CARD_FILE, WEIGHTS_FILE, load_model, read_card
 
 MNIST_ORDER = (
     "train-images-idx3-ubyte.gz",

@@ -1,4 +1,4 @@
-"""Tests for models.data: IDX reader, data directory, splits and fingerprint."""
+"""Tests for bayesgate.models.data.mnist: IDX reader, data directory, splits and fingerprint."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from models import data
-from models.data import (
+from bayesgate.models.data import mnist as data
+from bayesgate.models.data.mnist import (
     DataError,
     data_dir,
     load_mnist,

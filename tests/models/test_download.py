@@ -1,4 +1,5 @@
-"""Tests for models.download against a real HTTP server on 127.0.0.1 serving shared MNIST."""
+"""Tests for bayesgate.models.data.download against a real HTTP server on 127.0.0.1 serving shared
+MNIST."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from models import data, download
-from models.data import MNIST_FILES, DataError, load_mnist, mnist_fingerprint
-from models.download import DEFAULT_MIRRORS, download_mnist, resolve_mirrors
+from bayesgate.models.data import download
+from bayesgate.models.data import mnist as data
+from bayesgate.models.data.download import DEFAULT_MIRRORS, download_mnist, resolve_mirrors
+from bayesgate.models.data.mnist import MNIST_FILES, DataError, load_mnist, mnist_fingerprint
 
 LABELS = "t10k-labels-idx1-ubyte.gz"
 IMAGES = "t10k-images-idx3-ubyte.gz"

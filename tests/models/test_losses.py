@@ -10,14 +10,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.losses import (
+from bayesgate.models.mc.losses import (
     alpha_energy,
     bbalpha_gaussian_loss,
     bbalpha_softmax_loss,
     gaussian_log_likelihood,
     l2_penalty,
 )
-from models.networks import DropoutCNN, DropoutMLP
+from bayesgate.models.networks.dropout import DropoutCNN, DropoutMLP
 
 
 def _ref_softmax_bbalpha(logits: np.ndarray, y: np.ndarray, alpha: float) -> float:

@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from models.layers import mc_sampling
-from models.mc import mc_log_predictive, mc_logits, mc_predict
-from models.networks import DropoutMLP, build_network, preset_architecture
+from bayesgate.models.mc.dropout import mc_sampling
+from bayesgate.models.mc.engine import mc_log_predictive, mc_logits, mc_predict
+from bayesgate.models.networks.dropout import DropoutMLP, build_network, preset_architecture
 
 
 def _gen(seed: int) -> torch.Generator:

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from models.layers import MCDropout, mc_sampling
-from models.networks import (
+from bayesgate.models.mc.dropout import MCDropout, mc_sampling
+from bayesgate.models.networks.dropout import (
     DropoutCNN,
     DropoutMLP,
     build_network,

@@ -13,8 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-from models.networks import build_network, preset_architecture
-from models.store import (
+from bayesgate.models.networks.dropout import build_network, preset_architecture
+from bayesgate.models.store.directory import (
     CARD_FILE,
     CARD_FORMAT,
     WEIGHTS_FILE,

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from models.data import load_mnist
-from models.evaluate import evaluate, expected_calibration_error, metrics_from_mc
-from models.mc import mc_predict
-from models.networks import build_network, preset_architecture
-from models.train import TrainConfig, train
+from bayesgate.models.data.mnist import load_mnist
+from bayesgate.models.mc.engine import mc_predict
+from bayesgate.models.networks.dropout import build_network, preset_architecture
+from bayesgate.models.training.evaluate import evaluate, expected_calibration_error, metrics_from_mc
+from bayesgate.models.training.train import TrainConfig, train
 
 Data = tuple[torch.Tensor, torch.Tensor]
 

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from bayesgate.cli import main
-from models.data import DataError
-from models.losses import alpha_energy, bbalpha_gaussian_loss
-from models.uci import mean_and_se, paper_values, within_2se
-from models.uci_data import Standardiser, UCIDataError, available_datasets, load_uci
-from models.uci_train import (
+from bayesgate.models.data.mnist import DataError
+from bayesgate.models.mc.losses import alpha_energy, bbalpha_gaussian_loss
+from bayesgate.models.uci.data import Standardiser, UCIDataError, available_datasets, load_uci
+from bayesgate.models.uci.experiment import mean_and_se, paper_values, within_2se
+from bayesgate.models.uci.network import (
     GroupedDropoutNet,
     evaluate_members,
     gaussian_mc_log_likelihood,

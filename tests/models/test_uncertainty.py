@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.uncertainty import (
+from bayesgate.models.mc.uncertainty import (
     SCORES,
     expected_entropy,
     kwon_variance,

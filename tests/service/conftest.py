@@ -1,7 +1,8 @@
 """Fixtures for the service tests: a tiny trained + calibrated model and a running app.
 
 The model is ``mlp-2x32`` trained for one epoch on 3,000 MNIST images (a few seconds), saved with
-:func:`models.store.save_model`; its ``calibration.json`` holds thresholds at a 5 % false-positive
+:func:`bayesgate.models.store.directory.save_model`; its ``calibration.json`` holds thresholds at a
+5 % false-positive
 rate computed from the scores of 1,000 validation images. Tests never rely on it being good.
 """
 
@@ -19,16 +20,16 @@ import pytest
 import torch
 from fastapi import FastAPI
 
-from models.calibration import Calibration, write_calibration
-from models.data import load_mnist
-from models.mc import mc_predict
-from models.networks import build_network, preset_architecture
-from models.store import ModelCard, save_model
-from models.train import TrainConfig, train
-from models.uncertainty import SCORES
-from service.app import create_app
-from service.predictor import Engine
-from service.settings import Settings
+from bayesgate.models.data.mnist import load_mnist
+from bayesgate.models.mc.engine import mc_predict
+from bayesgate.models.mc.uncertainty import SCORES
+from bayesgate.models.networks.dropout import build_network, preset_architecture
+from bayesgate.models.store.calibration import Calibration, write_calibration
+from bayesgate.models.store.directory import ModelCard, save_model
+from bayesgate.models.training.train import TrainConfig, train
+from bayesgate.service.app import create_app
+from bayesgate.service.predictor import Engine
+from bayesgate.service.settings import Settings
 
 TARGET_FPR = 0.05
 CAL_K = 10

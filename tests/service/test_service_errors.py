@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from service.settings import Settings
+from bayesgate.service.settings import Settings
 
 pytestmark = pytest.mark.anyio
 

@@ -21,8 +21,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from service.app import create_app
-from service.settings import Settings
+from bayesgate.service.app import create_app
+from bayesgate.service.settings import Settings
 
 EXAMPLES_PER_OPERATION = 30
 CHECKS = [

@@ -20,9 +20,9 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 from serve_process import API_KEY, Server, per_process, start_server
 
-from models.calibration import read_calibration, write_calibration
-from models.mc import mc_predict
-from models.store import load_model
+from bayesgate.models.mc.engine import mc_predict
+from bayesgate.models.store.calibration import read_calibration, write_calibration
+from bayesgate.models.store.directory import load_model
 
 MAX_BODY = 64 * 1024
 MAX_INSTANCES = 8

@@ -18,13 +18,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bayesgate.cli import main
-from models.calibration import read_calibration, write_calibration
-from service.auth import key_digest, key_matches
-from service.loading import attack_aurocs
-from service.logs import JsonFormatter
-from service.metrics import METRIC_NAMES
-from service.predictor import mc_engine
-from service.settings import Settings
+from bayesgate.models.store.calibration import read_calibration, write_calibration
+from bayesgate.service.auth import key_digest, key_matches
+from bayesgate.service.loading import attack_aurocs
+from bayesgate.service.logs import JsonFormatter
+from bayesgate.service.metrics import METRIC_NAMES
+from bayesgate.service.predictor import mc_engine
+from bayesgate.service.settings import Settings
 
 pytestmark = pytest.mark.anyio
 

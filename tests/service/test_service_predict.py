@@ -18,10 +18,10 @@ import pytest
 import torch
 from PIL import Image
 
-from models.mc import mc_predict
-from models.store import load_model
-from service.app import create_app
-from service.settings import Settings
+from bayesgate.models.mc.engine import mc_predict
+from bayesgate.models.store.directory import load_model
+from bayesgate.service.app import create_app
+from bayesgate.service.settings import Settings
 
 pytestmark = pytest.mark.anyio
 

@@ -18,10 +18,15 @@ from pydantic import ValidationError
 from ray.serve import Application
 from ray.serve.schema import ServeDeploySchema
 
-import service.ray_app as ray_app
+import bayesgate.service.ray_app as ray_app
 from bayesgate.cli import main
-from service.ray_app import REPLICA_HEADER, app_builder, build_application, create_replica_app
-from service.ray_settings import (
+from bayesgate.service.ray_app import (
+    REPLICA_HEADER,
+    app_builder,
+    build_application,
+    create_replica_app,
+)
+from bayesgate.service.ray_settings import (
     DEPLOYMENT_NAME,
     RaySettings,
     cluster_options,
@@ -29,7 +34,7 @@ from service.ray_settings import (
     describe_options,
     resolve_num_gpus,
 )
-from service.settings import Settings
+from bayesgate.service.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVE_CONFIG = REPO_ROOT / "deploy" / "ray-serve.yaml"
@@ -224,7 +229,7 @@ async def test_replica_health_check_fails_once_the_inference_thread_is_gone(
 ) -> None:
     from types import SimpleNamespace
 
-    from service.ray_app import BayesGateReplica
+    from bayesgate.service.ray_app import BayesGateReplica
 
     app = create_replica_app(make_settings(), "replica-1")
     replica = SimpleNamespace(_app=app)  # the attributes check_health reads
@@ -280,7 +285,8 @@ def test_serve_ray_without_the_extra_says_how_to_install_it(
 
 
 class FakeRay:
-    """Stands in for ``ray`` and ``ray.serve`` in :mod:`service.ray_run`: records the calls."""
+    """Stands in for ``ray`` and ``ray.serve`` in :mod:`bayesgate.service.ray_run`: records the
+    calls."""
 
     def __init__(self, run_error: Exception | None = None) -> None:
         self.calls: list[tuple[str, Any]] = []

@@ -27,7 +27,7 @@ import pytest
 import torch
 from serve_process import Server, bayesgate_command, free_port, start_server
 
-from service.ray_app import REPLICA_HEADER
+from bayesgate.service.ray_app import REPLICA_HEADER
 
 READY_TIMEOUT_S = 240.0
 SETTINGS = {"max_batch_size": 8, "max_queue_delay_ms": 20.0, "device": "cpu"}

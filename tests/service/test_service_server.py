@@ -17,15 +17,15 @@ import pytest
 import torch
 from serve_process import bayesgate_command, free_port
 
-import models
+from bayesgate import models
 from bayesgate.cli import main
-from models.mc import mc_predict
-from models.store import load_model
-from service.app import create_app
-from service.cli import ENV_PREFIX as CLI_PREFIX
-from service.errors import StartupError
-from service.loading import load_serving_model
-from service.settings import ENV_PREFIX, Settings
+from bayesgate.models.mc.engine import mc_predict
+from bayesgate.models.store.directory import load_model
+from bayesgate.service.app import create_app
+from bayesgate.service.cli import ENV_PREFIX as CLI_PREFIX
+from bayesgate.service.errors import StartupError
+from bayesgate.service.loading import load_serving_model
+from bayesgate.service.settings import ENV_PREFIX, Settings
 
 BUNDLED = Path(models.__file__).parent / "pretrained" / "bayesgate-default"
 
@@ -236,7 +236,7 @@ async def test_failing_warm_up_stops_start_up(
     def broken(*_: Any, **__: Any) -> Any:
         raise RuntimeError("kernel missing")
 
-    monkeypatch.setattr("service.predictor.mc_predict", broken)
+    monkeypatch.setattr("bayesgate.service.predictor.mc_predict", broken)
     app = create_app(make_settings())
     with pytest.raises(StartupError, match="warm-up batch failed: inference failed: RuntimeError"):
         async with app.router.lifespan_context(app):

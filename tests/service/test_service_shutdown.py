@@ -18,7 +18,7 @@ import httpx
 import uvicorn
 from serve_process import start_server
 
-from service.shutdown import install_drain_handler
+from bayesgate.service.shutdown import install_drain_handler
 
 BURST = 40
 BATCH = 16

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from models.mc import mc_predict
-from models.store import load_model
-from models.uncertainty import mutual_information, predictive_entropy, variation_ratio
-from service.app import create_app
-from service.settings import Settings
+from bayesgate.models.mc.engine import mc_predict
+from bayesgate.models.mc.uncertainty import mutual_information, predictive_entropy, variation_ratio
+from bayesgate.models.store.directory import load_model
+from bayesgate.service.app import create_app
+from bayesgate.service.settings import Settings
 
 pytestmark = pytest.mark.anyio
 
@@ -351,8 +351,10 @@ async def test_an_unexpected_exception_is_a_json_500(
     def broken(_: Any) -> Any:
         raise RuntimeError("bug with a secret path /srv/x")
 
-    monkeypatch.setattr("service.routes.v2.model_metadata", broken)
-    monkeypatch.setattr("service.loading.ServingModel.summary", broken)  # /v1/models/{name}
+    monkeypatch.setattr("bayesgate.service.routes.v2.model_metadata", broken)
+    monkeypatch.setattr(
+        "bayesgate.service.loading.ServingModel.summary", broken
+    )  # /v1/models/{name}
     app = create_app(make_settings())
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)

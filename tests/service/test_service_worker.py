@@ -12,12 +12,12 @@ import pytest
 import torch
 from torch import nn
 
-from models.store import load_model
-from service.errors import NotReady
-from service.loading import load_serving_model
-from service.predictor import Engine, mc_engine
-from service.settings import Settings
-from service.worker import BatchWorker
+from bayesgate.models.store.directory import load_model
+from bayesgate.service.errors import NotReady
+from bayesgate.service.loading import load_serving_model
+from bayesgate.service.predictor import Engine, mc_engine
+from bayesgate.service.settings import Settings
+from bayesgate.service.worker import BatchWorker
 
 pytestmark = pytest.mark.anyio
 

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from models.bayes_networks import BAYES_NETWORK_TYPES, BAYES_PRESETS
-from models.layers import MCDropout
+from bayesgate.models.mc.dropout import MCDropout
+from bayesgate.models.networks.bbb.networks import BAYES_NETWORK_TYPES, BAYES_PRESETS
 
 MNIST_SHAPE = (1, 28, 28)
 
@@ -101,7 +101,7 @@ class DropoutCNN(nn.Module):
 NETWORK_TYPES: dict[str, type[nn.Module]] = {
     "dropout_mlp": DropoutMLP,
     "dropout_cnn": DropoutCNN,
-    **BAYES_NETWORK_TYPES,  # Bayes-by-Backprop CNNs (models.bayes_networks)
+    **BAYES_NETWORK_TYPES,  # Bayes-by-Backprop CNNs (bayesgate.models.networks.bbb.networks)
 }
 
 PRESETS: dict[str, dict[str, Any]] = {

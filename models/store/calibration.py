@@ -14,8 +14,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from models.store import CALIBRATION_FILE, ModelStoreError, _atomic_write, read_json_object
-from models.uncertainty import SCORES
+from bayesgate.models.mc.uncertainty import SCORES
+from bayesgate.models.store.directory import (
+    CALIBRATION_FILE,
+    ModelStoreError,
+    _atomic_write,
+    read_json_object,
+)
 
 CALIBRATION_FORMAT = "bayesgate-calibration/1"
 

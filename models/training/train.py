@@ -1,12 +1,15 @@
 """Training loop for dropout networks with the BB-α loss (Li & Gal 2017).
 
 Objective per minibatch: ``mean_n L_n(α) + λ·Σ_i ‖W_i‖²`` with the K passes vectorised by
-:func:`models.mc.mc_logits` (trunk once, head on ``K·B`` rows). Deterministic baselines are
+:func:`bayesgate.models.mc.engine.mc_logits` (trunk once, head on ``K·B`` rows). Deterministic
+baselines are
 trained by maximum likelihood (K = 1, dropout as a regulariser).
 
-Bayes-by-Backprop networks (any network holding :class:`models.bayes_layers.BayesLayer`) are
+Bayes-by-Backprop networks (any network holding
+:class:`bayesgate.models.networks.bbb.layers.BayesLayer`) are
 trained instead on ``mean_n L_n(α) + β_i·KL[q ‖ p]/N``
-(:func:`models.bayes_losses.bbb_bbalpha_loss`; α = 0 is the ELBO) with β_i from ``beta_schedule``
+(:func:`bayesgate.models.networks.bbb.losses.bbb_bbalpha_loss`; α = 0 is the ELBO) with β_i from
+``beta_schedule``
 for minibatch i of the epoch; the prior takes the place of the L2 term, so ``weight_decay`` is not
 applied to them.
 """
@@ -24,11 +27,11 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from models.bayes_layers import has_bayes_layers, kl_divergence
-from models.bayes_losses import bbb_bbalpha_loss, beta_weight, parse_beta_schedule
-from models.evaluate import evaluate
-from models.losses import bbalpha_softmax_loss, l2_penalty
-from models.mc import mc_logits
+from bayesgate.models.mc.engine import mc_logits
+from bayesgate.models.mc.losses import bbalpha_softmax_loss, l2_penalty
+from bayesgate.models.networks.bbb.layers import has_bayes_layers, kl_divergence
+from bayesgate.models.networks.bbb.losses import bbb_bbalpha_loss, beta_weight, parse_beta_schedule
+from bayesgate.models.training.evaluate import evaluate
 
 OPTIMIZERS = ("adam", "sgd")
 LR_SCHEDULES = ("constant", "cosine")
@@ -50,7 +53,9 @@ class TrainConfig:
     patience: int = 0  # early stopping on validation log-likelihood; 0 = off
     k_val: int = 10
     loss: str = "bbalpha"
-    beta_schedule: str = "blundell"  # KL weight schedule of BBB networks (models.bayes_losses)
+    beta_schedule: str = (
+        "blundell"  # KL weight schedule of BBB networks (bayesgate.models.networks.bbb.losses)
+    )
     lr_schedule: str = "constant"  # or "cosine": lr·½(1 + cos(π·t/T)) over all T minibatches
 
     def __post_init__(self) -> None:

@@ -2,13 +2,14 @@
 
 Per standard split: the training rows are cut into a fit part (first 80 %, file order, as in Gal's
 ``experiment.py``) and a validation part (last 20 %). Every grid candidate ``(p, τ)`` of the
-dataset folder is trained for every α at once (:mod:`models.uci_train`), standardised on the fit
+dataset folder is trained for every α at once (:mod:`bayesgate.models.uci.network`), standardised
+on the fit
 part; for each α the candidate with the highest validation log-likelihood (K_val MC samples) is
 kept. With ``refit`` (default) a net with the chosen ``(p, τ)`` is then retrained on the whole
 training split (standardised on it) and scored on the test rows with K_test samples; without it
 the selected grid net itself is scored (Gal's code does that). Metrics are in original target
 units: RMSE of the MC mean and the MC test log-likelihood
-(:func:`models.uci_train.gaussian_mc_log_likelihood`).
+(:func:`bayesgate.models.uci.network.gaussian_mc_log_likelihood`).
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from models.uci_data import Standardiser, UCIDataset
-from models.uci_train import (
+from bayesgate.models.uci.data import Standardiser, UCIDataset
+from bayesgate.models.uci.network import (
     GroupedDropoutNet,
     evaluate_members,
     prior_weight_decay,

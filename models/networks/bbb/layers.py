@@ -13,11 +13,14 @@ Two ways to draw a network sample, chosen per layer by ``sampling``:
   batch K times gives K independent samples per example. Each output's marginal equals the one
   under weight sampling; for convolutions the correlations between positions are dropped.
 - ``"weights"`` — sample ``W = μ_W + σ_W ⊙ ε`` once per forward call and apply it to the whole
-  batch. All rows of one call share the sample, so K samples need K calls (:mod:`models.mc`
+  batch. All rows of one call share the sample, so K samples need K calls
+  (:mod:`bayesgate.models.mc.engine`
   loops over K for such networks, see ``per_example_noise``).
 
-When noise is drawn follows :class:`models.layers.MCDropout`: in training mode, and at inference
-inside :func:`models.layers.mc_sampling` (from its generator when one is given). In eval mode
+When noise is drawn follows :class:`bayesgate.models.mc.dropout.MCDropout`: in training mode, and
+at inference
+inside :func:`bayesgate.models.mc.dropout.mc_sampling` (from its generator when one is given). In
+eval mode
 outside that block a layer returns the posterior-mean network ``A∗μ_W + μ_b``.
 
 The KL term ``KL[q(w) ‖ p(w)]`` is not returned by ``forward`` (which returns a tensor, so the
@@ -40,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.layers import mc_state
+from bayesgate.models.mc.dropout import mc_state
 
 SAMPLING_MODES = ("local", "weights")
 PRIOR_KINDS = ("gaussian", "scale_mixture")

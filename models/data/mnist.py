@@ -2,7 +2,7 @@
 
 Files live in ``<data_dir>/mnist/`` under their original names (gzipped or not), where
 ``data_dir`` is ``$BAYESGATE_DATA_DIR`` or a per-user cache directory (see :func:`data_dir`).
-Missing files are downloaded by :mod:`models.download` unless ``download=False``.
+Missing files are downloaded by :mod:`bayesgate.models.data.download` unless ``download=False``.
 
 Every problem with a data file (missing, wrong magic number, truncated, mismatched counts,
 failed download) raises :class:`DataError` with a one-line message naming the file.
@@ -296,7 +296,9 @@ def ensure_mnist_files(
             " or put the original MNIST files there)"
         )
     if missing:
-        from .download import download_mnist  # deferred: models.download imports this module
+        from .download import (
+            download_mnist,  # deferred: bayesgate.models.data.download imports this module
+        )
 
         download_mnist(root, files=missing)
     paths = [find_mnist_file(folder, name) for name in names]

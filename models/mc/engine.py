@@ -1,6 +1,7 @@
 """Vectorised Monte Carlo dropout inference: K stochastic passes as one batched forward.
 
-For a network split as ``head(trunk(x))`` (see :mod:`models.networks`) the trunk runs once on the
+For a network split as ``head(trunk(x))`` (see :mod:`bayesgate.models.networks.dropout`) the trunk
+runs once on the
 ``B`` inputs; its output is repeated to ``K·B`` rows (row ``b·K + k`` is sample k of example b)
 and the head runs once on them. Every row draws its own dropout masks, so each of the K passes
 uses an independent mask per example — the same distribution as K sequential passes. Rows are
@@ -19,7 +20,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from models.layers import mc_sampling
+from bayesgate.models.mc.dropout import mc_sampling
 
 DEFAULT_MAX_ROWS = 8192
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -3,7 +3,8 @@
 Each file is fetched with urllib into a temporary file in the destination folder, checked
 (complete, known size and sha256, published MD5 of the decompressed content) and only then
 renamed into place, so a failed or interrupted download never leaves a partial file. When a
-mirror fails the next one is tried; when all fail, :class:`~models.data.DataError` lists each
+mirror fails the next one is tried; when all fail, :class:`~bayesgate.models.data.mnist.DataError`
+lists each
 mirror's error on one line.
 
 Mirrors: the ``mirrors`` argument, else ``$BAYESGATE_MNIST_MIRRORS`` (comma-separated base URLs),
@@ -29,7 +30,13 @@ from typing import BinaryIO
 
 from tqdm import tqdm
 
-from .data import MNIST_FILES, DataError, MnistFile, find_mnist_file, mnist_dir
+from bayesgate.models.data.mnist import (
+    MNIST_FILES,
+    DataError,
+    MnistFile,
+    find_mnist_file,
+    mnist_dir,
+)
 
 MIRRORS_ENV = "BAYESGATE_MNIST_MIRRORS"
 DEFAULT_MIRRORS: tuple[str, ...] = (
@@ -71,7 +78,8 @@ def download_mnist(
 ) -> Path:
     """Download the MNIST files missing from ``<data_dir>/mnist`` and return that folder.
 
-    ``files`` are ``.gz`` names from :data:`~models.data.MNIST_FILES` (default: all four);
+    ``files`` are ``.gz`` names from :data:`~bayesgate.models.data.mnist.MNIST_FILES` (default: all
+    four);
     files already present (gzipped or not) are left alone. ``progress`` shows a tqdm bar on
     stderr (default: only when stderr is a terminal). Raises DataError when a file cannot be
     fetched intact from any mirror.

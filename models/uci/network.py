@@ -8,14 +8,17 @@ every forward is two ``torch.baddbmm`` over a ``G×R×D`` stack. Losses are summ
 each member's gradient involves its own loss only, and Adam (element-wise) updates each member
 exactly as if it were trained alone on the same minibatch order.
 
-:class:`models.layers.MCDropout` holds one rate per module, so the per-member rates here draw
+:class:`bayesgate.models.mc.dropout.MCDropout` holds one rate per module, so the per-member rates
+here draw
 their Bernoulli masks directly (same inverted-dropout rule ``x ⊙ z / (1−p)``); dropout is always
 on (training and MC prediction alike), with masks drawn from an explicit ``torch.Generator``.
 
 Objective per member, targets standardised (τ_n = τ·σ_y² is the precision in those units):
 ``mean_n L_n(α) + λ·(‖W1‖² + ‖W2‖²)``, ``L_n(α)`` the BB-α energy of
-:func:`models.losses.alpha_energy` over K samples of :func:`models.losses.gaussian_log_likelihood`
-(the two halves of :func:`models.losses.bbalpha_gaussian_loss`, batched over members), and
+:func:`bayesgate.models.mc.losses.alpha_energy` over K samples of
+:func:`bayesgate.models.mc.losses.gaussian_log_likelihood`
+(the two halves of :func:`bayesgate.models.mc.losses.bbalpha_gaussian_loss`, batched over members),
+and
 ``λ = l²(1−p)/(2N)`` the dropout-VI prior term divided by N (length-scale l, N training rows).
 """
 
@@ -29,7 +32,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from models.losses import gaussian_log_likelihood
+from bayesgate.models.mc.losses import gaussian_log_likelihood
 
 DEFAULT_MAX_ROWS = 1 << 18  # rows (member × example × sample) per prediction chunk
 
@@ -123,7 +126,7 @@ def grouped_alpha_energy(log_lik: torch.Tensor, alphas: torch.Tensor) -> torch.T
     """BB-α energies ``G×B`` from ``G×B×K`` log-likelihoods, member g with its own ``α_g``.
 
     ``−(1/α_g)·(logsumexp_k(α_g·ℓ_gnk) − log K)``, or ``−mean_k ℓ_gnk`` where ``α_g = 0``
-    (row by row identical to :func:`models.losses.alpha_energy`).
+    (row by row identical to :func:`bayesgate.models.mc.losses.alpha_energy`).
     """
     if log_lik.dim() != 3 or alphas.shape != log_lik.shape[:1]:
         raise ValueError(

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.mc import mc_predict
-from models.uncertainty import (
+from bayesgate.models.mc.engine import mc_predict
+from bayesgate.models.mc.uncertainty import (
     mc_log_likelihood,
     mutual_information,
     predictive_entropy,

@@ -2,7 +2,7 @@
 
 Minibatch ``i`` of ``M`` per epoch, batch ``B_i`` of ``N`` training examples, K network samples
 per example with log-likelihoods ``ℓ_nk = log p(y_n | x_n, w_k)`` and ``KL = KL[q(w) ‖ p(w)]``
-(:func:`models.bayes_layers.kl_divergence`):
+(:func:`bayesgate.models.networks.bbb.layers.kl_divergence`):
 
 - ELBO (Blundell et al. 2015; Shridhar et al. 2018, their code's ``nll·N + β·KL``)::
 
@@ -12,7 +12,8 @@ per example with log-likelihoods ``ℓ_nk = log p(y_n | x_n, w_k)`` and ``KL = K
   the BBB posterior and its exact KL)::
 
       F_i(α) = N · mean_{n∈B_i} L_n(α) + β_i · KL,
-      L_n(α) = −(1/α) · (logsumexp_k(α·ℓ_nk) − log K)       (:func:`models.losses.alpha_energy`)
+      L_n(α) = −(1/α) · (logsumexp_k(α·ℓ_nk) − log K)
+      (:func:`bayesgate.models.mc.losses.alpha_energy`)
 
   ``α → 0`` gives ``L_n = −(1/K) Σ_k ℓ_nk``, i.e. exactly the ELBO (taken as the limit, not with a
   tiny α).
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 import torch
 
-from models.losses import bbalpha_softmax_loss
+from bayesgate.models.mc.losses import bbalpha_softmax_loss
 
 BETA_SCHEDULES = ("blundell", "uniform")
 

@@ -69,8 +69,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_uci(args: argparse.Namespace) -> int:
     import torch
 
-    from models.uci import UCIConfig, run_split, summarise
-    from models.uci_data import load_uci
+    from bayesgate.models.uci.data import load_uci
+    from bayesgate.models.uci.experiment import UCIConfig, run_split, summarise
 
     if args.threads is not None:
         if args.threads < 1:

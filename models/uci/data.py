@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from models.data import DataError, data_dir
+from bayesgate.models.data.mnist import DataError, data_dir
 
 # Short names accepted on the command line → folder names of the standard benchmark.
 ALIASES = {
@@ -117,7 +117,7 @@ class Standardiser:
 
 
 def uci_root(root: Path | str | None = None) -> Path:
-    """``<root>/uci``, with ``root`` defaulting to :func:`models.data.data_dir`
+    """``<root>/uci``, with ``root`` defaulting to :func:`bayesgate.models.data.mnist.data_dir`
     (``$BAYESGATE_DATA_DIR``)."""
     return (Path(root) if root is not None else data_dir()) / "uci"
 

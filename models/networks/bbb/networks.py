@@ -1,6 +1,7 @@
 """Bayes-by-Backprop CNNs of Shridhar et al. (2018): every conv and dense layer is Bayesian.
 
-Both networks follow the ``trunk``/``head`` convention of :mod:`models.networks`. Since the very
+Both networks follow the ``trunk``/``head`` convention of :mod:`bayesgate.models.networks.dropout`.
+Since the very
 first layer is stochastic, the trunk is empty (``nn.Identity``) and the head is the whole network.
 ``per_example_noise`` tells the MC engine whether K passes may be vectorised by replicating rows
 (local reparameterisation: yes) or must be K separate calls (weight sampling: no).
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from models.bayes_layers import (
+from bayesgate.models.networks.bbb.layers import (
     DEFAULT_PRIOR,
     BayesConv2d,
     BayesLinear,

@@ -1,0 +1,2 @@
+"""Networks: the dropout MLP and CNN with their presets (:mod:`.dropout`) and the
+Bayes-by-Backprop CNNs (:mod:`.bbb`)."""

@@ -1,0 +1,100 @@
+"""The package installs one import namespace, ``bayesgate``: the wheel's ``top_level.txt``, every
+source file mapped from the top-level folders, and no generic ``models``/``service`` import."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+FOLDERS = {
+    "bayesgate": "bayesgate",
+    "models": "bayesgate/models",
+    "attacks": "bayesgate/attacks",
+    "service": "bayesgate/service",
+}
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(REPO_ROOT),
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+        cwd=out,
+    )
+    (found,) = out.glob("bayesgate-*.whl")
+    return found
+
+
+def test_wheel_has_one_top_level_package(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as zf:
+        (top_level,) = [n for n in zf.namelist() if n.endswith(".dist-info/top_level.txt")]
+        assert zf.read(top_level).decode().split() == ["bayesgate"]
+        roots = {n.split("/")[0] for n in zf.namelist() if ".dist-info/" not in n}
+    assert roots == {"bayesgate"}
+
+
+def test_wheel_holds_every_source_file_and_the_bundled_model(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+    expected = {
+        f"{dest}/{path.relative_to(REPO_ROOT / folder).as_posix()}"
+        for folder, dest in FOLDERS.items()
+        for path in (REPO_ROOT / folder).rglob("*.py")
+    }
+    assert expected - names == set(), "source files missing from the wheel (pyproject packages?)"
+    bundled = REPO_ROOT / "models" / "pretrained" / "bayesgate-default"
+    for path in bundled.iterdir():
+        assert f"bayesgate/models/pretrained/bayesgate-default/{path.name}" in names
+
+
+def test_installed_wheel_imports_as_bayesgate_only(wheel: Path, tmp_path: Path) -> None:
+    target = tmp_path / "site"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "-q",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    probe = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import bayesgate.models.mc.engine as m; "
+        "print(m.__file__)\n"
+        "try:\n    import models\nexcept ModuleNotFoundError:\n    print('no models')\n"
+    )
+    # -I: no current directory, PYTHONPATH or user site on sys.path (the repo must not leak in)
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", probe, str(target)],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    engine_file, verdict = done.stdout.splitlines()
+    assert Path(engine_file).is_relative_to(target)
+    assert verdict == "no models"  # `import models` failed
