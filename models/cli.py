@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -13,7 +14,15 @@ from bayesgate.models.device import DEVICE_CHOICES, pick_device
 from bayesgate.models.networks.bbb.layers import SAMPLING_MODES
 from bayesgate.models.networks.dropout import build_network, preset_architecture, preset_names
 from bayesgate.models.store.directory import ModelCard, load_model, save_model, write_card
-from bayesgate.models.training.train import LOSSES, LR_SCHEDULES, OPTIMIZERS, TrainConfig, train
+from bayesgate.models.training.checkpoint import Checkpointing
+from bayesgate.models.training.train import (
+    LOSSES,
+    LR_SCHEDULES,
+    OPTIMIZERS,
+    TrainConfig,
+    TrainResult,
+    train,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -64,6 +73,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="adam")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument(
+        "--momentum",
+        type=float,
+        default=0.9,
+        help="SGD momentum (default %(default)s; Li & Gal's Keras code: plain SGD, 0)",
+    )
+    p.add_argument(
         "--lr-schedule",
         choices=LR_SCHEDULES,
         default="constant",
@@ -84,6 +99,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="auto", help=f"one of {', '.join(DEVICE_CHOICES)}")
     p.add_argument("--name", default=None, help="model name (default: preset-alphaA)")
     p.add_argument("--out", type=Path, default=None, help="model directory (default runs/NAME)")
+    p.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        default=None,
+        help="checkpoint written after every epoch (default "
+        "$XDG_CACHE_HOME/bayesgate/checkpoints/NAME, i.e. ~/.cache/bayesgate/checkpoints/NAME)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the checkpoint (same settings; --epochs may grow with a constant lr)",
+    )
+    p.add_argument(
+        "--threads", type=int, default=None, help="CPU threads for torch (torch.set_num_threads)"
+    )
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_train)
 
@@ -106,42 +136,33 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from bayesgate.models.data.mnist import load_mnist, mnist_fingerprint
+    from bayesgate.models.data.mnist import load_mnist
 
-    alpha = _resolve_alpha(args.loss, args.alpha)
-    config = TrainConfig(
-        alpha=alpha,
-        k_train=args.k_train,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        optimizer=args.optimizer,
-        lr=args.lr,
-        lr_schedule=args.lr_schedule,
-        weight_decay=args.weight_decay,
-        seed=args.seed,
-        patience=args.patience,
-        k_val=args.k_val,
-        loss=args.loss,
-        beta_schedule=args.beta_schedule,
-    )
+    config = _train_config(args)
     if args.patience and not args.val_size:
         raise ValueError("--patience needs validation data: early stopping watches the validation "
                          "log-likelihood, and --val-size 0 holds none out")  # fmt: skip
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be ≥ 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
     device = pick_device(args.device)
-    arch = preset_architecture(args.preset, p=args.p)
-    bbb = "sampling" in arch  # a Bayes-by-Backprop preset
-    if args.sampling is not None:
-        if not bbb:
-            raise ValueError(f"--sampling applies to the bbb-* presets only, not {args.preset}")
-        arch["sampling"] = args.sampling
-    suffix = "elbo" if args.loss == "elbo" else f"alpha{alpha:g}"
+    arch = _architecture(args)
+    suffix = "elbo" if args.loss == "elbo" else f"alpha{config.alpha:g}"
     name = args.name or (f"{args.preset}" if not arch["stochastic"] else f"{args.preset}-{suffix}")
     out = args.out or Path("runs") / name
+    checkpointing = Checkpointing(
+        directory=args.checkpoint_dir or checkpoint_root() / name,
+        resume=args.resume,
+        settings={"preset": args.preset, "architecture": arch, "val_size": args.val_size,
+                  "limit": args.limit},
+    )  # fmt: skip
     train_data = load_mnist("train", val_size=args.val_size, limit=args.limit)
     val_data = load_mnist("val", val_size=args.val_size) if args.val_size else None
     torch.manual_seed(args.seed)  # the initial weights, too, follow --seed
     model = build_network(arch)
-    print(f"training {name} on {train_data[0].shape[0]} images, device {device}", file=sys.stderr)
+    print(f"training {name} on {train_data[0].shape[0]} images, device {device}, checkpoint "
+          f"{checkpointing.directory}", file=sys.stderr)  # fmt: skip
     result = train(
         model,
         train_data,
@@ -152,7 +173,61 @@ def cmd_train(args: argparse.Namespace) -> int:
         on_epoch=lambda row: print(
             json.dumps({k: round(v, 5) for k, v in row.items()}), file=sys.stderr
         ),
+        checkpointing=checkpointing,
     )
+    card = _model_card(name, arch, config, args, result, int(train_data[0].shape[0]), device)
+    save_model(model, card, out)
+    print(json.dumps({"model": str(out), "val": result.val_metrics}, indent=2))
+    return 0
+
+
+def checkpoint_root() -> Path:
+    """``$XDG_CACHE_HOME/bayesgate/checkpoints`` (``~/.cache/…`` when unset or relative)."""
+    from bayesgate.models.data.mnist import cache_dir
+
+    return cache_dir() / "checkpoints"
+
+
+def _train_config(args: argparse.Namespace) -> TrainConfig:
+    return TrainConfig(
+        alpha=_resolve_alpha(args.loss, args.alpha),
+        k_train=args.k_train,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        optimizer=args.optimizer,
+        lr=args.lr,
+        momentum=args.momentum,
+        lr_schedule=args.lr_schedule,
+        weight_decay=args.weight_decay,
+        seed=args.seed,
+        patience=args.patience,
+        k_val=args.k_val,
+        loss=args.loss,
+        beta_schedule=args.beta_schedule,
+    )
+
+
+def _architecture(args: argparse.Namespace) -> dict[str, Any]:
+    """The preset's architecture with ``--p`` and (bbb-* presets only) ``--sampling`` applied."""
+    arch = preset_architecture(args.preset, p=args.p)
+    if args.sampling is not None:
+        if "sampling" not in arch:
+            raise ValueError(f"--sampling applies to the bbb-* presets only, not {args.preset}")
+        arch["sampling"] = args.sampling
+    return arch
+
+
+def _model_card(
+    name: str,
+    arch: dict[str, Any],
+    config: TrainConfig,
+    args: argparse.Namespace,
+    result: TrainResult,
+    train_images: int,
+    device: torch.device,
+) -> ModelCard:
+    from bayesgate.models.data.mnist import mnist_fingerprint
+
     card = ModelCard(
         name=name,
         architecture=arch,
@@ -160,7 +235,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             **vars(config),
             "k_train": config.k_train if arch["stochastic"] else 1,
             "data": "mnist",
-            "train_images": int(train_data[0].shape[0]),
+            "train_images": train_images,
             "val_size": args.val_size,
             "data_sha256": mnist_fingerprint(),
             "epochs_run": len(result.history),
@@ -171,11 +246,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         },
         metrics={"val": result.val_metrics},
     )
-    if bbb:  # the service adds Kwon et al.'s aleatoric/epistemic split for these models
+    if "sampling" in arch:  # the service adds Kwon et al.'s aleatoric/epistemic split for BBB
         card.inference["variance_decomposition"] = "kwon"
-    save_model(model, card, out)
-    print(json.dumps({"model": str(out), "val": result.val_metrics}, indent=2))
-    return 0
+    return card
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:

@@ -121,9 +121,15 @@ def data_dir() -> Path:
     env = os.environ.get(DATA_DIR_ENV, "").strip()
     if env:
         return Path(os.path.abspath(Path(env).expanduser()))
+    return cache_dir() / "data"
+
+
+def cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/bayesgate`` (``~/.cache/bayesgate`` when XDG_CACHE_HOME is unset or not
+    absolute): data, and training checkpoints under ``checkpoints/``."""
     xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
     cache = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
-    return cache / "bayesgate" / "data"
+    return cache / "bayesgate"
 
 
 def mnist_dir(root: Path | None = None) -> Path:

@@ -55,13 +55,15 @@ def trained(tmp_path_factory: pytest.TempPathFactory, mnist_root: Path):
     ]
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("BAYESGATE_DATA_DIR", str(mnist_root))
+        mp.setenv("XDG_CACHE_HOME", str(out.parent / "cache"))  # checkpoints go there
         code, stdout, stderr = _run(argv)
     return out, code, stdout, stderr
 
 
 @pytest.fixture
-def data_env(monkeypatch: pytest.MonkeyPatch, mnist_root: Path) -> None:
+def data_env(monkeypatch: pytest.MonkeyPatch, mnist_root: Path, tmp_path: Path) -> None:
     monkeypatch.setenv("BAYESGATE_DATA_DIR", str(mnist_root))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # default checkpoint folder
 
 
 def test_train_writes_a_loadable_model(trained, mnist_root: Path) -> None:
@@ -190,3 +192,27 @@ def test_early_stopping_without_validation_data_is_refused(
     assert code == 2
     assert len(err) == 1 and err[0].startswith("bayesgate: error: --patience needs validation data")
     assert not (tmp_path / "m").exists()
+
+
+def _weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    return load_model(model_dir).network.state_dict()
+
+
+def test_train_resume_continues_to_the_same_weights(tmp_path: Path, data_env: None) -> None:
+    """`--epochs 1`, then `--resume --epochs 2`, equals `--epochs 2` in one go (SGD, the
+    authors' plain-SGD settings); a resume with another --lr is refused naming the setting."""
+    common = ["train", "--preset", "mlp-2x32", "--limit", "200", "--val-size", "100",
+              "--k-train", "2", "--k-val", "2", "--optimizer", "sgd", "--lr", "0.01",
+              "--momentum", "0", "--threads", "1", "--no-progress", "--device", "cpu"]  # fmt: skip
+    ckpt_dir = tmp_path / "ckpt"
+    assert _run([*common, "--epochs", "2", "--out", str(tmp_path / "once")])[0] == 0
+    first = [*common, "--checkpoint-dir", str(ckpt_dir), "--out", str(tmp_path / "twice")]
+    assert _run([*first, "--epochs", "1"])[0] == 0
+    code, _, stderr = _run([*first, "--epochs", "2", "--resume", "--lr", "0.02"])
+    assert code == 2 and "lr=0.01" in stderr and "lr=0.02" in stderr
+    assert _run([*first, "--epochs", "2", "--resume"])[0] == 0
+    once, twice = _weights(tmp_path / "once"), _weights(tmp_path / "twice")
+    assert all(torch.equal(once[k], twice[k]) for k in once)
+    assert load_model(tmp_path / "twice").card.training["momentum"] == 0
+    # the default checkpoint folder of a run without --checkpoint-dir is in the user cache
+    assert (tmp_path / "cache" / "bayesgate" / "checkpoints" / "mlp-2x32-alpha0.5").is_dir()

@@ -184,6 +184,7 @@ def test_weight_decay_shrinks_the_weights(train_data: Data) -> None:
         ("optimizer", "rmsprop", "optimizer must be one of"),
         ("lr", 0.0, "learning rate must be > 0"),
         ("lr", -1e-3, "learning rate must be > 0"),
+        ("momentum", -0.1, "momentum must be ≥ 0"),
         ("weight_decay", -1e-6, "weight decay must be ≥ 0"),
         ("patience", -1, "patience must be ≥ 0"),
         ("k_val", 0, "k-val must be ≥ 1"),
