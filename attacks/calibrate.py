@@ -1,14 +1,14 @@
 """Threshold calibration on clean validation images and detection metrics on the test set.
 
 1. Validation (``bayesgate.models.data.mnist.load_mnist("val")``, never the test set): MC
-probabilities over
-   ``k`` passes, every score of :data:`bayesgate.models.mc.uncertainty.SCORES`, and for each score
-   the
-   threshold :func:`bayesgate.attacks.metrics.threshold_at_fpr` at the target false-positive rate
-   (flag = ``score > threshold``; the realised validation FPR is ``≤`` the target and reported).
-2. Test: clean MC predictions and scores; for every attack, adversarial images through the
-   ``k_attack``-pass log-predictive, then the detection metrics of the *successful*
-   adversarial examples against *all* clean test images (:func:`attack_record`).
+   probabilities over ``k`` passes, every score of :data:`bayesgate.models.mc.uncertainty.SCORES`,
+   and for each score the threshold :func:`bayesgate.attacks.metrics.threshold_at_fpr` at the
+   target false-positive rate (flag = ``score > threshold``; the realised validation FPR is
+   ``≤`` the target and reported).
+2. Test: the clean → attack → record pipeline of :mod:`bayesgate.attacks.pipeline` — clean MC
+   predictions and scores; for every attack, adversarial images through the ``k_attack``-pass
+   log-predictive, then the detection metrics of the *successful* adversarial examples against
+   *all* clean test images at the validation thresholds.
 """
 
 from __future__ import annotations
@@ -20,12 +20,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from bayesgate.attacks.metrics import detection_metrics, flag_rate, threshold_at_fpr
-from bayesgate.attacks.run import AttackOutcome, mc_predictions, run_attack
-from bayesgate.attacks.specs import DEFAULT_ATTACKS, AttackSpec, parse_attacks
+from bayesgate.attacks.methods import Attack
+from bayesgate.attacks.metrics import flag_rate, threshold_at_fpr
+from bayesgate.attacks.pipeline import (
+    AttackResult,
+    ExampleScores,
+    clean_run,
+    detection_run,
+    rounded,
+    uncertainty_scores,
+)
+from bayesgate.attacks.specs import DEFAULT_ATTACKS, parse_attacks
 from bayesgate.models.mc.uncertainty import SCORES
 from bayesgate.models.store.calibration import Calibration
-from bayesgate.models.store.directory import LoadedModel
+from bayesgate.models.store.directory import LoadedModel, ModelCard
 
 SCORE_NAMES: tuple[str, ...] = tuple(SCORES)
 SCORE_LABELS = {
@@ -35,49 +43,14 @@ SCORE_LABELS = {
 }
 
 
-def scores_from_probs(probs: torch.Tensor) -> dict[str, np.ndarray]:
-    """Every uncertainty score of ``B×K×C`` MC probabilities, as float64 arrays of length B."""
-    return {name: fn(probs).double().cpu().numpy() for name, fn in SCORES.items()}
-
-
 def fit_thresholds(
     val_scores: dict[str, np.ndarray], target_fpr: float
 ) -> tuple[dict[str, float], dict[str, float]]:
     """Thresholds at ``target_fpr`` for every score, and the realised validation FPR of each."""
-    if not 0.0 < target_fpr < 1.0:
-        raise ValueError(f"target false-positive rate must be in (0, 1), got {target_fpr}")
+    _check_target_fpr(target_fpr)
     thresholds = {n: threshold_at_fpr(s, target_fpr) for n, s in val_scores.items()}
     realised = {n: flag_rate(val_scores[n], t) for n, t in thresholds.items()}
     return thresholds, realised
-
-
-def attack_record(
-    outcome: AttackOutcome,
-    clean_scores: dict[str, np.ndarray],
-    thresholds: dict[str, float] | None,
-    score: str,
-) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Calibration entry of one attack, and the scores of its successful examples.
-
-    ``attack`` is the spec's canonical string (``fgs:eta=0.2``), unique per entry, ``method`` its
-    name (``fgs``), ``label`` a human label. Per score: AUROC, TPR/FPR at the calibrated
-    threshold (when given), TPR at 5 % FPR and FPR at 95 % TPR, all for successful adversarial
-    vs all clean test images; the active ``score``'s metrics are repeated at top level.
-    """
-    adv_all = scores_from_probs(outcome.adv_probs)
-    adv = {name: values[outcome.success.numpy()] for name, values in adv_all.items()}
-    per_score = {
-        name: detection_metrics(
-            clean_scores[name], adv[name], None if thresholds is None else thresholds[name]
-        )
-        for name in clean_scores
-    }
-    record: dict[str, Any] = {**outcome.summary(), "score": score}
-    for metric in ("auroc", "tpr_at_threshold", "fpr_at_threshold", "tpr_at_5fpr", "fpr_at_95tpr"):
-        if metric in per_score[score]:
-            record[metric] = per_score[score][metric]
-    record["scores"] = per_score
-    return _rounded(record), adv
 
 
 @dataclass
@@ -87,8 +60,20 @@ class CalibrationRun:
     calibration: Calibration
     val_scores: dict[str, np.ndarray]
     clean_scores: dict[str, np.ndarray]
-    adversarial_scores: list[tuple[AttackSpec, dict[str, np.ndarray]]] = field(default_factory=list)
+    adversarial_scores: list[tuple[Attack, dict[str, np.ndarray]]] = field(default_factory=list)
     test_images: int = 0
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """``calibrate``'s arguments, checked, with the card's defaults filled in."""
+
+    score: str
+    target_fpr: float
+    k: int
+    k_attack: int
+    val_size: int
+    attacks: list[Attack]
 
 
 def calibrate(
@@ -105,21 +90,67 @@ def calibrate(
     device: torch.device | str = "cpu",
     batch_size: int = 100,
     progress: bool = False,
+    score_fn: ExampleScores = uncertainty_scores,
 ) -> CalibrationRun:
     """Calibrate ``loaded`` (see the module docstring); nothing is written here.
 
     ``k`` = MC samples of the scores (default the card's ``inference["k_test"]``), which the
     service must use too; ``k_attack`` = samples in the attacked log-predictive (default the
-    card's ``inference["k_attack"]``, 10 as in the paper).
+    card's ``inference["k_attack"]``, 10 as in the paper). ``score_fn``: the per-example scores.
     """
     from bayesgate.models.data.mnist import load_mnist
 
+    settings = _settings(loaded.card, score, target_fpr, k, k_attack, attacks)
+    _log(progress, f"validation: {val_limit or settings.val_size} images, K={settings.k}")
+    x_val, y_val = load_mnist("val", val_size=settings.val_size, limit=val_limit)
+    val = clean_run(loaded.network, x_val, settings.k, score_fn=score_fn, seed=seed, device=device)
+    thresholds, realised = fit_thresholds(val.scores, target_fpr)
+    x_test, y_test = load_mnist("test", limit=test_limit)
+    keys = ", ".join(a.key for a in settings.attacks)
+    _log(progress, f"test: {x_test.shape[0]} images; attacks: {keys}")
+    test = detection_run(
+        loaded.network,
+        x_test,
+        y_test,
+        settings.attacks,
+        k_attack=settings.k_attack,
+        k_eval=settings.k,
+        thresholds=thresholds,
+        score=score,
+        score_fn=score_fn,
+        seed=seed,
+        batch_size=batch_size,
+        device=device,
+        progress=progress,
+        log=_one_line,
+    )
+    calibration = Calibration(
+        model_sha256=loaded.card.weights_sha256,
+        score=score,
+        target_fpr=target_fpr,
+        k=settings.k,
+        thresholds=thresholds,
+        validation=_validation_summary(settings, val.scores, val.pred, y_val, realised, seed),
+        attacks=[r.record for r in test.results],
+    )
+    return CalibrationRun(
+        calibration, val.scores, test.clean.scores, test.adversarial_scores, test.clean.images
+    )
+
+
+def _settings(
+    card: ModelCard,
+    score: str,
+    target_fpr: float,
+    k: int | None,
+    k_attack: int | None,
+    attacks: list[str] | tuple[str, ...],
+) -> _Settings:
+    """Check the arguments against each other and the card; fill in the card's K and split."""
     if score not in SCORES:
         raise ValueError(f"unknown score {score!r}; choose one of {', '.join(SCORES)}")
-    if not 0.0 < target_fpr < 1.0:
-        raise ValueError(f"target false-positive rate must be in (0, 1), got {target_fpr}")
-    specs = parse_attacks(list(attacks))
-    card = loaded.card
+    _check_target_fpr(target_fpr)
+    parsed = parse_attacks(list(attacks))
     if not card.stochastic and score != "predictive_entropy":
         raise ValueError(
             f"{card.name} is deterministic: its K passes agree, so {score} is 0 for every input; "
@@ -135,58 +166,40 @@ def calibrate(
             f"model {card.name} was trained without a validation split (val_size 0): there are "
             "no held-out images to calibrate on"
         )
-    model = loaded.network
-    _log(progress, f"validation: {val_limit or val_size} images, K={k}")
-    x_val, y_val = load_mnist("val", val_size=val_size, limit=val_limit)
-    val_probs, val_pred = mc_predictions(model, x_val, k, device=device, seed=seed)
-    val_scores = scores_from_probs(val_probs)
-    thresholds, realised = fit_thresholds(val_scores, target_fpr)
-    validation = {
-        "split": "val",
-        "images": int(x_val.shape[0]),
-        "val_size": val_size,
-        "seed": seed,
-        "accuracy": float((val_pred == y_val).double().mean()),
-        "realised_fpr": realised,
-        "mean_score": {n: float(s.mean()) for n, s in val_scores.items()},
-        "k_attack": k_attack,
-    }
-    x_test, y_test = load_mnist("test", limit=test_limit)
-    _log(progress, f"test: {x_test.shape[0]} images; attacks: {', '.join(s.key for s in specs)}")
-    test_probs, test_pred = mc_predictions(model, x_test, k, device=device, seed=seed)
-    clean_scores = scores_from_probs(test_probs)
-    records, adversarial = [], []
-    for spec in specs:
-        outcome = run_attack(
-            model,
-            x_test,
-            y_test,
-            spec,
-            k=k_attack,
-            k_eval=k,
-            clean_pred=test_pred,
-            batch_size=batch_size,
-            seed=seed,
-            device=device,
-            progress=progress,
-        )
-        record, adv_scores = attack_record(outcome, clean_scores, thresholds, score)
-        records.append(record)
-        adversarial.append((spec, adv_scores))
-        _log(progress, _one_line(record))
-    calibration = Calibration(
-        model_sha256=card.weights_sha256,
-        score=score,
-        target_fpr=target_fpr,
-        k=k,
-        thresholds=thresholds,
-        validation=_rounded(validation),
-        attacks=records,
+    return _Settings(score, target_fpr, k, k_attack, val_size, parsed)
+
+
+def _check_target_fpr(target_fpr: float) -> None:
+    if not 0.0 < target_fpr < 1.0:
+        raise ValueError(f"target false-positive rate must be in (0, 1), got {target_fpr}")
+
+
+def _validation_summary(
+    settings: _Settings,
+    val_scores: dict[str, np.ndarray],
+    val_pred: torch.Tensor,
+    y_val: torch.Tensor,
+    realised: dict[str, float],
+    seed: int,
+) -> dict[str, Any]:
+    """The ``validation`` section of ``calibration.json``."""
+    return rounded(
+        {
+            "split": "val",
+            "images": int(y_val.shape[0]),
+            "val_size": settings.val_size,
+            "seed": seed,
+            "accuracy": float((val_pred == y_val).double().mean()),
+            "realised_fpr": realised,
+            "mean_score": {n: float(s.mean()) for n, s in val_scores.items()},
+            "k_attack": settings.k_attack,
+        }
     )
-    return CalibrationRun(calibration, val_scores, clean_scores, adversarial, int(x_test.shape[0]))
 
 
-def _one_line(record: dict[str, Any]) -> str:
+def _one_line(result: AttackResult) -> str:
+    record = result.record
+
     def fmt(v: Any) -> str:
         return "n/a" if v is None else f"{v:.3f}"
 
@@ -200,16 +213,3 @@ def _one_line(record: dict[str, Any]) -> str:
 def _log(enabled: bool, message: str) -> None:
     if enabled:
         print(message, file=sys.stderr)
-
-
-def _rounded(value: Any, digits: int = 6) -> Any:
-    """Round floats for JSON; keep ``None``; NaN/inf become ``None`` (JSON has no NaN)."""
-    if isinstance(value, dict):
-        return {k: _rounded(v, digits) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_rounded(v, digits) for v in value]
-    if isinstance(value, (float, np.floating)):
-        return round(float(value), digits) if np.isfinite(value) else None
-    if isinstance(value, np.integer):
-        return int(value)
-    return value

@@ -8,9 +8,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bayesgate.attacks.methods import ATTACKS, Attack
+from bayesgate.attacks.methods.base import parameter_defaults
+from bayesgate.attacks.specs import DEFAULT_ATTACKS, build_attack, parse_attack, spec_help
 from bayesgate.models.device import DEVICE_CHOICES, pick_device
+from bayesgate.models.mc.uncertainty import SCORES
 
 FIGURES = ("6", "7", "detection")
+PARAM_DEST = "attack_param_"
+"""Namespace prefix of the attack-parameter flags of ``bayesgate attack``."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -29,14 +35,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 def _register_attack(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("attack", help="craft adversarial MNIST images against a model (.npz)")
     p.add_argument("model", type=Path, help="model directory")
-    p.add_argument("--attack", choices=("fgs", "targeted", "pgd", "cw"), default="fgs")
-    p.add_argument("--eta", type=float, default=None, help="FGS / targeted step size")
-    p.add_argument("--steps", type=int, default=None, help="targeted / PGD steps")
-    p.add_argument("--target", default=None, help="targeted: class index or 'random'")
-    p.add_argument("--eps", type=float, default=None, help="PGD L∞ radius")
-    p.add_argument("--eps-iter", type=float, default=None, help="PGD step size")
-    p.add_argument("--iterations", type=int, default=None, help="CW iterations per binary step")
-    p.add_argument("--binary-steps", type=int, default=None, help="CW binary-search steps")
+    p.add_argument("--attack", choices=tuple(ATTACKS), default="fgs")
+    _attack_parameter_flags(p)
     p.add_argument(
         "--spec", default=None, help="full attack spec instead, e.g. 'targeted:steps=40,target=0'"
     )
@@ -50,9 +50,24 @@ def _register_attack(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_attack)
 
 
+def _attack_parameter_flags(p: argparse.ArgumentParser) -> None:
+    """``--<parameter>`` for every parameter of a registered attack (``eps_iter`` → ``--eps-iter``),
+    its help naming the attacks that have it and their defaults."""
+    users: dict[str, list[str]] = {}
+    for name, cls in ATTACKS.items():
+        for key, default in parameter_defaults(cls).items():
+            users.setdefault(key, []).append(f"{name} (default {default})")
+    for key, used_by in users.items():
+        p.add_argument(
+            "--" + key.replace("_", "-"),
+            dest=PARAM_DEST + key,
+            default=None,
+            metavar=key.upper(),
+            help="parameter of " + ", ".join(used_by),
+        )
+
+
 def _register_calibrate(sub: argparse._SubParsersAction) -> None:
-    from bayesgate.attacks.specs import DEFAULT_ATTACKS
-    from bayesgate.models.mc.uncertainty import SCORES
 
     p = sub.add_parser(
         "calibrate",
@@ -68,7 +83,8 @@ def _register_calibrate(sub: argparse._SubParsersAction) -> None:
         nargs="+",
         default=list(DEFAULT_ATTACKS),
         metavar="SPEC",
-        help="attack specs NAME[:key=value,...] (default: %(default)s); also pgd:eps=0.3, cw",
+        help="attack specs NAME[:key=value,...] (default: %(default)s); attacks and their "
+        f"parameters: {spec_help()}",
     )
     p.add_argument("--val-limit", type=int, default=None, help="first N validation images")
     p.add_argument("--test-limit", type=int, default=None, help="first N test images")
@@ -91,7 +107,14 @@ def _register_sweep(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--steps", type=int, default=40, help="figure 7: targeted steps")
     p.add_argument("--eta", type=float, default=0.01, help="figure 7: step size")
-    p.add_argument("--cw-limit", type=int, default=100, help="detection: images CW attacks")
+    p.add_argument(
+        "--slow-limit",
+        "--cw-limit",
+        dest="cw_limit",
+        type=int,
+        default=100,
+        help="detection: images the slow attacks (CW) attack",
+    )
     p.add_argument(
         "--attacks", nargs="+", default=None, metavar="SPEC", help="detection: attack specs"
     )
@@ -110,22 +133,17 @@ def _positive(name: str, value: int | None) -> None:
         raise ValueError(f"{name} must be ≥ 1, got {value}")
 
 
-def _attack_spec(args: argparse.Namespace) -> Any:
-    from bayesgate.attacks.specs import AttackSpec
-
+def _attack(args: argparse.Namespace) -> Attack:
+    """The attack of ``bayesgate attack``: ``--spec``, else ``--attack`` with the parameter flags
+    given (a flag the attack does not have is an error naming its parameters)."""
     if args.spec:
-        return AttackSpec.parse(args.spec)
-    names = {
-        "eta": args.eta,
-        "steps": args.steps,
-        "target": args.target,
-        "eps": args.eps,
-        "eps_iter": args.eps_iter,
-        "iterations": args.iterations,
-        "binary_steps": args.binary_steps,
+        return parse_attack(args.spec)
+    params = {
+        key[len(PARAM_DEST) :]: value
+        for key, value in vars(args).items()
+        if key.startswith(PARAM_DEST) and value is not None
     }
-    params = {k: v for k, v in names.items() if v is not None}
-    return AttackSpec(args.attack, params)
+    return build_attack(args.attack, params)
 
 
 def cmd_attack(args: argparse.Namespace) -> int:
@@ -133,7 +151,7 @@ def cmd_attack(args: argparse.Namespace) -> int:
     from bayesgate.models.data.mnist import load_mnist
     from bayesgate.models.store.directory import load_model
 
-    spec = _attack_spec(args)
+    attack = _attack(args)
     for name in ("k", "k_eval", "limit", "batch_size"):
         _positive(name.replace("_", "-"), getattr(args, name))
     device = pick_device(args.device)
@@ -147,7 +165,7 @@ def cmd_attack(args: argparse.Namespace) -> int:
         loaded.network,
         x,
         y,
-        spec,
+        attack,
         k=k,
         k_eval=k_eval,
         batch_size=args.batch_size,
@@ -219,53 +237,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     import torch
 
     from bayesgate.attacks import sweep
-    from bayesgate.models.data.mnist import load_mnist
     from bayesgate.models.store.directory import load_model
 
     for name in ("k", "k_eval", "limit", "batch_size", "steps"):
         _positive(name.replace("_", "-"), getattr(args, name))
     device = pick_device(args.device)
     models = [load_model(d, device) for d in args.models]
-    common = {
-        "seed": args.seed,
-        "batch_size": args.batch_size,
-        "device": device,
-        "progress": not args.no_progress,
-        "k": args.k,
-    }
     t0 = time.perf_counter()
-    x, y = load_mnist("test")
-    if args.figure == "7":
-        keep = torch.nonzero(y != 0).squeeze(1)[: args.limit]
-        x, y = x[keep], y[keep]
-    else:
-        x, y = x[: args.limit], y[: args.limit]
-    k_eval = args.k_eval or (100 if args.figure == "detection" else 10)
-    stem = "detection" if args.figure == "detection" else f"figure{args.figure}"
-    config: dict[str, Any] = {
-        "figure": args.figure,
-        "images": int(x.shape[0]),
-        "k": args.k,
-        "k_eval": k_eval,
-        "seed": args.seed,
-    }
-    if args.figure == "6":
-        rows = sweep.figure6(models, x, y, k_eval=k_eval, **common)
-    elif args.figure == "7":
-        config.update(eta=args.eta, steps=args.steps, target=0)
-        rows = sweep.figure7(models, x, y, steps=args.steps, eta=args.eta, k_eval=k_eval, **common)
-    else:
-        config.update(cw_limit=args.cw_limit, attacks=args.attacks or list(sweep.DETECTION_ATTACKS))
-        rows = sweep.detection(
-            models,
-            x,
-            y,
-            attacks=config["attacks"],
-            k_eval=k_eval,
-            cw_limit=args.cw_limit,
-            roc_dir=args.out,
-            **common,
-        )
+    x, y = _sweep_images(args.figure, args.limit)
+    config, rows = _run_sweep(args, models, x, y, device)
     described = [sweep.describe(m) for m in models]
     seconds = round(time.perf_counter() - t0, 1)
     meta = {
@@ -274,6 +254,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         "seconds": {", ".join(d["name"] for d in described): seconds},
         "torch_threads": torch.get_num_threads(),
     }
+    stem = "detection" if args.figure == "detection" else f"figure{args.figure}"
     path = args.out / f"{stem}.json"
     if args.append and path.is_file():
         meta, rows = _merge_sweep(json.loads(path.read_text()), meta, rows, config, path)
@@ -281,6 +262,53 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     summary = {k: v for k, v in meta.items() if k != "models"}
     print(json.dumps(summary, indent=2, ensure_ascii=False))
     return 0
+
+
+def _sweep_images(figure: str, limit: int) -> tuple[Any, Any]:
+    """The first ``limit`` test images (figure 7: the first ``limit`` that are not a 0)."""
+    import torch
+
+    from bayesgate.models.data.mnist import load_mnist
+
+    x, y = load_mnist("test")
+    if figure == "7":
+        keep = torch.nonzero(y != 0).squeeze(1)[:limit]
+        return x[keep], y[keep]
+    return x[:limit], y[:limit]
+
+
+def _run_sweep(
+    args: argparse.Namespace, models: list[Any], x: Any, y: Any, device: Any
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The figure's rows, and the settings that ``--append`` requires to match."""
+    from bayesgate.attacks import sweep
+
+    k_eval = args.k_eval or (100 if args.figure == "detection" else 10)
+    common = {
+        "seed": args.seed,
+        "batch_size": args.batch_size,
+        "device": device,
+        "progress": not args.no_progress,
+        "k": args.k,
+        "k_eval": k_eval,
+    }
+    config: dict[str, Any] = {
+        "figure": args.figure,
+        "images": int(x.shape[0]),
+        "k": args.k,
+        "k_eval": k_eval,
+        "seed": args.seed,
+    }
+    if args.figure == "6":
+        return config, sweep.figure6(models, x, y, **common)
+    if args.figure == "7":
+        config.update(eta=args.eta, steps=args.steps, target=0)
+        return config, sweep.figure7(models, x, y, steps=args.steps, eta=args.eta, **common)
+    config.update(cw_limit=args.cw_limit, attacks=args.attacks or list(sweep.DETECTION_ATTACKS))
+    rows = sweep.detection(
+        models, x, y, attacks=config["attacks"], cw_limit=args.cw_limit, roc_dir=args.out, **common
+    )
+    return config, rows
 
 
 def _merge_sweep(

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
+from bayesgate.attacks.methods import Attack
 from bayesgate.attacks.metrics import auroc, roc_curve
-from bayesgate.attacks.specs import AttackSpec
 
 DPI = 110
 SCORE_LABELS = {
@@ -32,7 +32,7 @@ def _save(fig: Figure, path: Path | str) -> Path:
 
 def roc_plot(
     clean: dict[str, np.ndarray],
-    adversarial: Sequence[tuple[AttackSpec, dict[str, np.ndarray]]],
+    adversarial: Sequence[tuple[Attack, dict[str, np.ndarray]]],
     path: Path | str,
     scores: Sequence[str] = ("predictive_entropy", "mutual_information", "variation_ratio"),
     title: str = "",
@@ -42,11 +42,11 @@ def roc_plot(
     axes = fig.subplots(1, len(scores), squeeze=False)[0]
     for ax, name in zip(axes, scores, strict=True):
         ax.plot([0, 1], [0, 1], color="0.7", lw=0.8, ls=":")
-        for spec, adv in adversarial:
+        for attack, adv in adversarial:
             if adv[name].size == 0:
                 continue
             fpr, tpr, _ = roc_curve(clean[name], adv[name])
-            ax.plot(fpr, tpr, lw=1.4, label=f"{spec.label} ({auroc(clean[name], adv[name]):.3f})")
+            ax.plot(fpr, tpr, lw=1.4, label=f"{attack.label} ({auroc(clean[name], adv[name]):.3f})")
         ax.axvline(0.05, color="0.5", lw=0.8, ls="--")
         ax.set(xlabel="false-positive rate (clean)", ylabel="true-positive rate (adversarial)")
         ax.set_title(SCORE_LABELS.get(name, name), fontsize=10)
@@ -60,7 +60,7 @@ def roc_plot(
 
 def histogram_plot(
     clean: np.ndarray,
-    adversarial: Sequence[tuple[AttackSpec, np.ndarray]],
+    adversarial: Sequence[tuple[Attack, np.ndarray]],
     path: Path | str,
     score: str,
     threshold: float | None = None,
@@ -74,13 +74,13 @@ def histogram_plot(
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     hi = max([float(clean.max()), *(float(a.max()) for _, a in adversarial if a.size)])
     bins = np.linspace(0.0, hi * 1.02 + 1e-9, 41)
-    for ax, (spec, adv) in zip(axes, adversarial, strict=False):
+    for ax, (attack, adv) in zip(axes, adversarial, strict=False):
         ax.hist(clean, bins=bins, density=True, alpha=0.55, label=f"clean ({clean.size})")
         if adv.size:
             ax.hist(adv, bins=bins, density=True, alpha=0.55, label=f"adversarial ({adv.size})")
         if threshold is not None:
             ax.axvline(threshold, color="k", lw=1, ls="--", label="threshold")
-        ax.set_title(spec.label, fontsize=10)
+        ax.set_title(attack.label, fontsize=10)
         ax.set_xlabel(SCORE_LABELS.get(score, score))
         ax.legend(fontsize=7)
     for ax in axes[len(adversarial) :]:

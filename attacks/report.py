@@ -8,6 +8,7 @@ from typing import Any
 
 from bayesgate.attacks.calibrate import SCORE_LABELS, CalibrationRun
 from bayesgate.attacks.plots import histogram_plot, roc_plot
+from bayesgate.models.store.calibration import Calibration
 
 REPORT_FILE = "calibration.md"
 ROC_FILE = "calibration_roc.png"
@@ -33,8 +34,15 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 def write_report(run: CalibrationRun, directory: Path | str, model_name: str) -> Path:
     """Write ``calibration.md``, ``calibration_roc.png`` and ``calibration_hist.png``."""
     directory = Path(directory)
+    write_plots(run, directory, model_name)
+    path = directory / REPORT_FILE
+    path.write_text(report_text(run, model_name))
+    return path
+
+
+def write_plots(run: CalibrationRun, directory: Path, model_name: str) -> None:
+    """ROC curves of every score and histograms of the active one, clean vs adversarial."""
     cal = run.calibration
-    score = cal.score
     roc_plot(
         run.clean_scores,
         run.adversarial_scores,
@@ -42,19 +50,23 @@ def write_report(run: CalibrationRun, directory: Path | str, model_name: str) ->
         title=f"{model_name}: successful adversarial vs clean test images",
     )
     histogram_plot(
-        run.clean_scores[score],
-        [(spec, adv[score]) for spec, adv in run.adversarial_scores],
+        run.clean_scores[cal.score],
+        [(attack, adv[cal.score]) for attack, adv in run.adversarial_scores],
         directory / HIST_FILE,
-        score,
+        cal.score,
         cal.threshold,
-        title=f"{model_name}: {SCORE_LABELS[score]} (K={cal.k})",
+        title=f"{model_name}: {_score_label(cal.score)} (K={cal.k})",
     )
+
+
+def thresholds_table(cal: Calibration) -> str:
+    """Per score: threshold, realised validation FPR, mean validation score."""
     val = cal.validation
-    thresholds = markdown_table(
+    return markdown_table(
         ["score", "threshold", "realised val FPR", "mean val score"],
         [
             [
-                SCORE_LABELS[n] + (" (active)" if n == score else ""),
+                _score_label(n) + (" (active)" if n == cal.score else ""),
                 f"{t:.6g}",
                 val["realised_fpr"][n],
                 val["mean_score"][n],
@@ -62,7 +74,11 @@ def write_report(run: CalibrationRun, directory: Path | str, model_name: str) ->
             for n, t in cal.thresholds.items()
         ],
     )
-    per_attack = markdown_table(
+
+
+def attacks_table(cal: Calibration) -> str:
+    """Per attack: success, accuracy under attack and the active score's detection metrics."""
+    return markdown_table(
         [
             "attack",
             "success rate",
@@ -87,16 +103,26 @@ def write_report(run: CalibrationRun, directory: Path | str, model_name: str) ->
             for r in cal.attacks
         ],
     )
-    auroc_by_score = markdown_table(
-        ["attack", *(SCORE_LABELS[n] for n in cal.thresholds)],
+
+
+def auroc_table(cal: Calibration) -> str:
+    """AUROC of every score (columns) for every attack (rows)."""
+    return markdown_table(
+        ["attack", *(_score_label(n) for n in cal.thresholds)],
         [[r["label"], *(r["scores"][n]["auroc"] for n in cal.thresholds)] for r in cal.attacks],
     )
+
+
+def report_text(run: CalibrationRun, model_name: str) -> str:
+    """The Markdown of ``calibration.md``."""
+    cal = run.calibration
+    val = cal.validation
     first = cal.attacks[0] if cal.attacks else {}
-    text = f"""# Calibration of {model_name}
+    return f"""# Calibration of {model_name}
 
 Model weights sha256 `{cal.model_sha256}`; created {cal.created}.
 
-An input is flagged adversarial when its **{SCORE_LABELS[score]}** over K={cal.k} MC dropout
+An input is flagged adversarial when its **{_score_label(cal.score)}** over K={cal.k} MC dropout
 passes exceeds **{cal.threshold:.6g}**, the threshold that flags at most
 {cal.target_fpr:.1%} of the {val["images"]} clean validation images (never the test set).
 Attacks differentiate the MC log-predictive over K={val["k_attack"]} passes.
@@ -105,7 +131,7 @@ Attacks differentiate the MC log-predictive over K={val["k_attack"]} passes.
 
 Validation accuracy {fmt(val["accuracy"])}.
 
-{thresholds}
+{thresholds_table(cal)}
 
 ## Detection on the test set
 
@@ -114,16 +140,17 @@ compare the *successful* adversarial examples with all clean test images; "TPR @
 the validation threshold above, "TPR @ 5% FPR" the best threshold on the clean test scores.
 The validation threshold flags {fmt(first.get("fpr_at_threshold"))} of the clean test images.
 
-{per_attack}
+{attacks_table(cal)}
 
 AUROC by score:
 
-{auroc_by_score}
+{auroc_table(cal)}
 
 ![ROC curves]({ROC_FILE})
 
 ![score histograms]({HIST_FILE})
 """
-    path = directory / REPORT_FILE
-    path.write_text(text)
-    return path
+
+
+def _score_label(name: str) -> str:
+    return SCORE_LABELS.get(name, name)

@@ -25,12 +25,14 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from bayesgate.attacks.methods import cw_l2, fgs, pgd, targeted_iterative_fgs
-from bayesgate.attacks.specs import AttackSpec
+from bayesgate.attacks.methods import Attack
+from bayesgate.attacks.model_fn import frozen_parameters, log_predictive_fn
 from bayesgate.models.mc.uncertainty import predictive_mean
 from bayesgate.models.training.evaluate import collect_mc
 
 NO_TARGET = -1
+BATCH_SEED_STRIDE = 100_003
+"""Batch ``b`` of a run seeded ``s`` gives its attack a generator seeded ``s·stride + b``."""
 
 StepHook = Callable[[int, torch.Tensor, slice], None]
 """``hook(t, x_t, rows)``: step ``t`` of the targeted attack on the batch ``rows`` of the data."""
@@ -45,7 +47,7 @@ class AttackOutcome:
     ``linf``, ``l2`` the perturbation norms ``‖x_adv − x‖_∞``, ``‖x_adv − x‖₂`` (N).
     """
 
-    spec: AttackSpec
+    attack: Attack
     x_adv: torch.Tensor
     labels: torch.Tensor
     clean_pred: torch.Tensor
@@ -76,10 +78,10 @@ class AttackOutcome:
     def summary(self) -> dict[str, Any]:
         """JSON-ready counts and rates."""
         return {
-            "attack": self.spec.key,
-            "method": self.spec.name,
-            "params": dict(self.spec.params),
-            "label": self.spec.label,
+            "attack": self.attack.key,
+            "method": self.attack.name,
+            "params": self.attack.params,
+            "label": self.attack.label,
             "k_attack": self.k,
             "k_eval": self.k_eval,
             "seed": self.seed,
@@ -151,7 +153,7 @@ def run_attack(
     model: nn.Module,
     x: torch.Tensor,
     y: torch.Tensor,
-    spec: AttackSpec,
+    attack: Attack,
     *,
     k: int = 10,
     k_eval: int = 100,
@@ -162,88 +164,36 @@ def run_attack(
     progress: bool = False,
     step_hook: StepHook | None = None,
 ) -> AttackOutcome:
-    """Attack every image of ``(x, y)`` with ``spec`` through the ``k``-pass log-predictive.
+    """Attack every image of ``(x, y)`` with ``attack`` through the ``k``-pass log-predictive.
 
     ``clean_pred`` (the ``k_eval`` MC prediction on ``x``; computed if not given) is the label
-    the untargeted attacks push away from. Dropout masks of the attack come from a generator
-    seeded ``seed``; the evaluation of ``x`` and ``x_adv`` uses generators seeded ``seed`` too
-    (common random numbers). ``step_hook`` sees every step of a targeted attack.
+    the untargeted attacks push away from. Randomness: see :func:`attack_in_batches`; ``x`` and
+    ``x_adv`` are evaluated with masks seeded ``seed`` (common random numbers). ``step_hook``
+    sees every step of an attack that reports its iterates (the targeted one).
     """
     device = torch.device(device)
-    if x.shape[0] != y.shape[0]:
-        raise ValueError(f"{x.shape[0]} images but {y.shape[0]} labels")
-    if batch_size < 1:
-        raise ValueError(f"batch size must be ≥ 1, got {batch_size}")
+    _check_run(x, y, batch_size)
     if clean_pred is None:
         _, clean_pred = mc_predictions(model, x, k_eval, device=device, seed=seed)
-    n_classes = _n_classes(model, x, device)
-    target = (
-        choose_targets(y, spec.params["target"], n_classes, seed)
-        if spec.targeted
-        else torch.full_like(y, NO_TARGET)
+    target = attack_targets(model, x, y, attack, seed, device)
+    labels = target if attack.targeted else clean_pred
+    x_adv = attack_in_batches(
+        model,
+        x,
+        labels,
+        attack,
+        k=k,
+        batch_size=batch_size,
+        seed=seed,
+        device=device,
+        progress=progress,
+        step_hook=step_hook,
     )
-    generator = torch.Generator(device=device).manual_seed(seed)
-    p = spec.params
-    chunks = []
-    starts = range(0, x.shape[0], batch_size)
-    for batch, start in enumerate(tqdm(starts, desc=spec.label, disable=not progress)):
-        rows = slice(start, start + batch_size)
-        xb = x[rows].to(device)
-        yb = clean_pred[rows].to(device)
-        if spec.name == "fgs":
-            adv = fgs(model, xb, p["eta"], k=k, y=yb, generator=generator)
-        elif spec.name == "targeted":
-            hook = None
-            if step_hook is not None:
-                hook = _bind(step_hook, rows)
-            adv = targeted_iterative_fgs(
-                model,
-                xb,
-                target[rows].to(device),
-                p["eta"],
-                p["steps"],
-                k=k,
-                generator=generator,
-                callback=hook,
-            )
-        elif spec.name == "pgd":
-            adv = pgd(
-                model,
-                xb,
-                p["eps"],
-                p["eps_iter"],
-                p["steps"],
-                k=k,
-                y=yb,
-                generator=generator,
-                seed=seed * 100_003 + batch,
-            )
-        else:
-            adv = cw_l2(
-                model,
-                xb,
-                k=k,
-                y=yb,
-                generator=generator,
-                iterations=p["iterations"],
-                binary_steps=p["binary_steps"],
-                lr=p["lr"],
-                initial_const=p["const"],
-                confidence=p["confidence"],
-            )
-        chunks.append(adv.cpu())
-    x_adv = torch.cat(chunks)
-    delta = (x_adv - x.cpu()).flatten(1)
     adv_probs, adv_pred = mc_predictions(model, x_adv, k_eval, device=device, seed=seed)
-    correct = clean_pred == y
-    if spec.targeted:
-        eligible = correct & (y != target)
-        success = eligible & (adv_pred == target)
-    else:
-        eligible = correct
-        success = eligible & (adv_pred != y)
+    eligible, success = verdicts(attack, y, clean_pred, adv_pred, target)
+    delta = (x_adv - x.cpu()).flatten(1)
     return AttackOutcome(
-        spec=spec,
+        attack=attack,
         x_adv=x_adv,
         labels=y.cpu(),
         clean_pred=clean_pred.cpu(),
@@ -258,6 +208,81 @@ def run_attack(
         k_eval=k_eval,
         seed=seed,
     )
+
+
+def _check_run(x: torch.Tensor, y: torch.Tensor, batch_size: int) -> None:
+    if x.shape[0] != y.shape[0]:
+        raise ValueError(f"{x.shape[0]} images but {y.shape[0]} labels")
+    if batch_size < 1:
+        raise ValueError(f"batch size must be ≥ 1, got {batch_size}")
+
+
+def attack_targets(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    attack: Attack,
+    seed: int,
+    device: torch.device,
+) -> torch.Tensor:
+    """Target classes of a targeted attack (:func:`choose_targets` with its ``target``
+    parameter), ``NO_TARGET`` for every image of an untargeted one."""
+    if not attack.targeted:
+        return torch.full_like(y, NO_TARGET)
+    return choose_targets(y, attack.target, _n_classes(model, x, device), seed)
+
+
+def attack_in_batches(
+    model: nn.Module,
+    x: torch.Tensor,
+    labels: torch.Tensor,
+    attack: Attack,
+    *,
+    k: int,
+    batch_size: int,
+    seed: int,
+    device: torch.device,
+    progress: bool = False,
+    step_hook: StepHook | None = None,
+) -> torch.Tensor:
+    """``x_adv`` (on the CPU): ``attack`` on batches of ``x`` with ``labels`` (the targets of a
+    targeted attack, else the labels to move away from), parameter gradients off.
+
+    The dropout masks of the attacked ``k``-pass log-predictive come from one generator seeded
+    ``seed``; the attack's own randomness in batch ``b`` from a generator seeded
+    ``seed·100003 + b``."""
+    masks = torch.Generator(device=device).manual_seed(seed)
+    model_fn = log_predictive_fn(model, k, generator=masks)
+    chunks = []
+    starts = range(0, x.shape[0], batch_size)
+    with frozen_parameters(model):
+        for batch, start in enumerate(tqdm(starts, desc=attack.label, disable=not progress)):
+            rows = slice(start, start + batch_size)
+            own = torch.Generator(device=device).manual_seed(seed * BATCH_SEED_STRIDE + batch)
+            adv = attack(
+                model_fn,
+                x[rows].to(device),
+                labels[rows].to(device),
+                generator=own,
+                on_step=None if step_hook is None else _bind(step_hook, rows),
+            )
+            chunks.append(adv.cpu())
+    return torch.cat(chunks)
+
+
+def verdicts(
+    attack: Attack,
+    y: torch.Tensor,
+    clean_pred: torch.Tensor,
+    adv_pred: torch.Tensor,
+    target: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(eligible, success)`` as in the module docstring (bool N each)."""
+    correct = clean_pred == y
+    if attack.targeted:
+        eligible = correct & (y != target)
+        return eligible, eligible & (adv_pred == target)
+    return correct, correct & (adv_pred != y)
 
 
 def _bind(hook: StepHook, rows: slice) -> Callable[[int, torch.Tensor], None]:

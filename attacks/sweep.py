@@ -22,9 +22,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from bayesgate.attacks.calibrate import attack_record, scores_from_probs
+from bayesgate.attacks.methods import FGS, TargetedFGS
+from bayesgate.attacks.pipeline import AttackResult, DetectionRun, detection_run
 from bayesgate.attacks.run import mc_predictions, run_attack
-from bayesgate.attacks.specs import AttackSpec
+from bayesgate.attacks.specs import parse_attack
 from bayesgate.models.mc.engine import mc_predict
 from bayesgate.models.mc.uncertainty import mutual_information, predictive_entropy, predictive_mean
 from bayesgate.models.store.directory import LoadedModel
@@ -101,7 +102,7 @@ def figure6(
                     loaded.network,
                     x,
                     y,
-                    AttackSpec("fgs", {"eta": eta}),
+                    FGS(eta=eta),
                     k=k,
                     k_eval=k_eval,
                     clean_pred=clean_pred,
@@ -157,6 +158,23 @@ class _StepStats:
         self.entropy[t] += float(predictive_entropy(probs).double().sum())
         self.mi[t] += float(mutual_information(probs).double().sum())
 
+    def rows(self, info: dict[str, Any], n: int, **settings: Any) -> list[dict[str, Any]]:
+        """Figure 7 rows of one model, ``step = 0…steps``, rates over the ``n`` images."""
+        return [
+            {
+                "model": info["model"],
+                "step": t,
+                "accuracy": self.correct[t] / n,
+                "target_rate": self.on_target[t] / n,
+                "mean_entropy": self.entropy[t] / n,
+                "mean_mi": self.mi[t] / n,
+                "images": n,
+                **settings,
+                "name": info["name"],
+            }
+            for t in range(len(self.correct))
+        ]
+
 
 def figure7(
     models: Sequence[LoadedModel],
@@ -182,7 +200,7 @@ def figure7(
         raise ValueError(f"figure 7 attacks images of other classes than the target {target}")
     device = torch.device(device)
     rows = []
-    spec = AttackSpec("targeted", {"eta": eta, "steps": steps, "target": target})
+    attack = TargetedFGS(eta=eta, steps=steps, target=target)
     for loaded in models:
         info = describe(loaded)
         t0 = time.perf_counter()
@@ -191,7 +209,7 @@ def figure7(
             loaded.network,
             x,
             y,
-            spec,
+            attack,
             k=k,
             k_eval=k_eval,
             batch_size=batch_size,
@@ -200,23 +218,7 @@ def figure7(
             progress=progress,
             step_hook=stats,
         )
-        n = x.shape[0]
-        for t in range(steps + 1):
-            rows.append(
-                {
-                    "model": info["model"],
-                    "step": t,
-                    "accuracy": stats.correct[t] / n,
-                    "target_rate": stats.on_target[t] / n,
-                    "mean_entropy": stats.entropy[t] / n,
-                    "mean_mi": stats.mi[t] / n,
-                    "images": n,
-                    "eta": eta,
-                    "k": k,
-                    "k_eval": k_eval,
-                    "name": info["name"],
-                }
-            )
+        rows += stats.rows(info, x.shape[0], eta=eta, k=k, k_eval=k_eval)
         _log(progress, f"figure 7: {info['model']} done in {time.perf_counter() - t0:.0f} s")
     return rows
 
@@ -238,83 +240,94 @@ def detection(
 ) -> list[dict[str, Any]]:
     """One row per (model, attack, score): AUROC, TPR at 5 % FPR, FPR at 95 % TPR, success rate.
 
-    Negatives are all clean images of ``x``; positives the successful adversarial examples.
-    Deterministic models get predictive-entropy rows only (their MI and variation ratio are 0). CW
-    attacks only the first ``cw_limit`` images (it is slow). With ``roc_dir``, an ROC plot per
-    model is written there as ``detection_roc_<name>.png``.
+    Negatives are all clean images of ``x``; positives the successful adversarial examples
+    (:func:`bayesgate.attacks.pipeline.detection_run`). Deterministic models get
+    predictive-entropy rows only (their MI and variation ratio are 0). Slow attacks (CW) attack
+    only the first ``cw_limit`` images. With ``roc_dir``, an ROC plot per model is written there
+    as ``detection_roc_<name>.png``.
     """
-    from bayesgate.attacks.plots import roc_plot
-
-    specs = [AttackSpec.parse(a) for a in attacks]
+    parsed = [parse_attack(a) for a in attacks]
     rows = []
     for loaded in models:
         info = describe(loaded)
         t0 = time.perf_counter()
-        probs, pred = mc_predictions(loaded.network, x, k_eval, device=device, seed=seed)
-        clean = scores_from_probs(probs)
+        run = detection_run(
+            loaded.network,
+            x,
+            y,
+            parsed,
+            k_attack=k,
+            k_eval=k_eval,
+            slow_limit=cw_limit,
+            seed=seed,
+            batch_size=batch_size,
+            device=device,
+            progress=progress,
+            log=lambda r, model=info["model"]: (
+                f"detection: {model} {r.attack.label} "
+                f"AUROC(H)={r.record['scores']['predictive_entropy']['auroc']}"
+            ),
+        )
         # K identical passes: MI and variation ratio are 0 up to round-off, ranking them is noise
-        kept = tuple(clean) if info["stochastic"] else ("predictive_entropy",)
-        adversarial = []
-        for spec in specs:
-            n = cw_limit if spec.name == "cw" and cw_limit else x.shape[0]
-            out = run_attack(
-                loaded.network,
-                x[:n],
-                y[:n],
-                spec,
-                k=k,
-                k_eval=k_eval,
-                clean_pred=pred[:n],
-                batch_size=batch_size,
-                seed=seed,
-                device=device,
-                progress=progress,
-            )
-            record, adv = attack_record(out, clean, None, "predictive_entropy")
-            adversarial.append((spec, adv))
-            for score, m in record["scores"].items():
-                if score not in kept:
-                    continue
-                rows.append(
-                    {
-                        "model": info["model"],
-                        "attack": spec.label,
-                        "score": score,
-                        "auroc": m["auroc"],
-                        "tpr_at_5fpr": m["tpr_at_5fpr"],
-                        "fpr_at_95tpr": m["fpr_at_95tpr"],
-                        "success_rate": record["success_rate"],
-                        "successful": record["successful"],
-                        "eligible": record["eligible"],
-                        "attacked_images": n,
-                        "clean_images": int(x.shape[0]),
-                        "clean_accuracy": float((pred == y).double().mean()),
-                        "adversarial_accuracy": record["adversarial_accuracy"],
-                        "mean_clean": m["mean_clean"],
-                        "mean_adversarial": m["mean_adversarial"],
-                        "mean_linf": record["mean_linf_success"],
-                        "mean_l2": record["mean_l2_success"],
-                        "k": k,
-                        "k_eval": k_eval,
-                        "attack_key": spec.key,
-                        "name": info["name"],
-                    }
-                )
-            _log(
-                progress,
-                f"detection: {info['model']} {spec.label} "
-                f"AUROC(H)={record['scores']['predictive_entropy']['auroc']}",
-            )
+        kept = tuple(run.clean.scores) if info["stochastic"] else ("predictive_entropy",)
+        clean_accuracy = float((run.clean.pred == y).double().mean())
+        for result in run.results:
+            rows += _detection_rows(info, result, kept, clean_accuracy, k, k_eval)
         if roc_dir is not None:
-            roc_plot(
-                clean,
-                adversarial,
-                Path(roc_dir) / f"detection_roc_{info['name']}.png",
-                scores=kept,
-                title=f"{info['model']} ({info['name']}): successful adversarial vs clean",
-            )
+            _detection_roc(info, run, kept, Path(roc_dir))
         _log(progress, f"detection: {info['model']} done in {time.perf_counter() - t0:.0f} s")
     return rows
+
+
+def _detection_rows(
+    info: dict[str, Any],
+    result: AttackResult,
+    kept: Sequence[str],
+    clean_accuracy: float,
+    k: int,
+    k_eval: int,
+) -> list[dict[str, Any]]:
+    """The rows of one attack on one model, one per score in ``kept``."""
+    record = result.record
+    return [
+        {
+            "model": info["model"],
+            "attack": result.attack.label,
+            "score": score,
+            "auroc": m["auroc"],
+            "tpr_at_5fpr": m["tpr_at_5fpr"],
+            "fpr_at_95tpr": m["fpr_at_95tpr"],
+            "success_rate": record["success_rate"],
+            "successful": record["successful"],
+            "eligible": record["eligible"],
+            "attacked_images": record["images"],
+            "clean_images": m["n_clean"],
+            "clean_accuracy": clean_accuracy,
+            "adversarial_accuracy": record["adversarial_accuracy"],
+            "mean_clean": m["mean_clean"],
+            "mean_adversarial": m["mean_adversarial"],
+            "mean_linf": record["mean_linf_success"],
+            "mean_l2": record["mean_l2_success"],
+            "k": k,
+            "k_eval": k_eval,
+            "attack_key": result.attack.key,
+            "name": info["name"],
+        }
+        for score, m in record["scores"].items()
+        if score in kept
+    ]
+
+
+def _detection_roc(info: dict[str, Any], run: DetectionRun, kept: Sequence[str], out: Path) -> None:
+    from bayesgate.attacks.plots import roc_plot
+
+    roc_plot(
+        run.clean.scores,
+        run.adversarial_scores,
+        out / f"detection_roc_{info['name']}.png",
+        scores=kept,
+        title=f"{info['model']} ({info['name']}): successful adversarial vs clean",
+    )
 
 
 def detection_table(

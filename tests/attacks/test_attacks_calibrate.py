@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from bayesgate.attacks.calibrate import attack_record, calibrate, fit_thresholds, scores_from_probs
+from bayesgate.attacks.calibrate import calibrate, fit_thresholds
+from bayesgate.attacks.methods import FGS
+from bayesgate.attacks.pipeline import attack_record, scores_from_probs
 from bayesgate.attacks.run import AttackOutcome
-from bayesgate.attacks.specs import AttackSpec
 from bayesgate.cli import main
 from bayesgate.models.store.calibration import read_calibration
 from bayesgate.models.store.directory import load_model, read_card
@@ -42,7 +43,7 @@ def test_attack_record_uses_successful_examples_only() -> None:
     unsure = torch.tensor([[0.5, 0.5], [0.9, 0.1]])
     clean = scores_from_probs(torch.stack([sure] * 4))
     outcome = AttackOutcome(
-        spec=AttackSpec("fgs", {"eta": 0.1}),
+        attack=FGS(eta=0.1),
         x_adv=torch.zeros(3, 1, 2, 2),
         labels=torch.tensor([0, 0, 0]),
         clean_pred=torch.tensor([0, 0, 0]),

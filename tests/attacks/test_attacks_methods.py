@@ -1,4 +1,8 @@
-"""Attacks against a linear softmax model, whose input gradient is known in closed form."""
+"""Attacks against a linear softmax model, whose input gradient is known in closed form.
+
+Every attack is called as ``attack(model_fn, x, y, generator=…)`` with ``model_fn`` the network's
+MC log-predictive (:func:`log_predictive_fn`); for the deterministic linear net that is
+``log softmax(Wx + b)``."""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ import torch
 from attacks_testnets import LinearNet
 from cleverhans.torch.attacks.projected_gradient_descent import projected_gradient_descent
 
-from bayesgate.attacks.methods import cw_l2, fgs, pgd, targeted_iterative_fgs
+from bayesgate.attacks.methods import CWL2, FGS, PGD, TargetedFGS
 from bayesgate.attacks.model_fn import log_predictive_fn
 from bayesgate.models.mc.engine import mc_log_predictive
 from bayesgate.models.networks.dropout import build_network, preset_architecture
@@ -42,7 +46,7 @@ def test_fgs_equals_hand_computed_step(linear_net: LinearNet) -> None:
         + linear_net.head.bias.detach().double().numpy()
     ).argmax(1)
     expected = np.clip(flat - eta * np.sign(_grad_log_softmax(linear_net, flat, own)), 0, 1)
-    adv = fgs(linear_net, x, eta)
+    adv = FGS(eta=eta)(log_predictive_fn(linear_net), x)
     assert adv.shape == x.shape
     np.testing.assert_allclose(adv.flatten(1).numpy(), expected, atol=1e-6)
     assert float((adv - x).abs().max()) <= eta + 1e-6
@@ -53,8 +57,9 @@ def test_fgs_with_given_labels_and_zero_step(linear_net: LinearNet) -> None:
     y = torch.tensor([0, 1, 2, 0, 1, 2])
     flat = x.flatten(1).double().numpy()
     expected = np.clip(flat - 0.1 * np.sign(_grad_log_softmax(linear_net, flat, y.numpy())), 0, 1)
-    np.testing.assert_allclose(fgs(linear_net, x, 0.1, y=y).flatten(1).numpy(), expected, atol=1e-6)
-    assert torch.equal(fgs(linear_net, x, 0.0), x)
+    fn = log_predictive_fn(linear_net)
+    np.testing.assert_allclose(FGS(eta=0.1)(fn, x, y).flatten(1).numpy(), expected, atol=1e-6)
+    assert torch.equal(FGS(eta=0.0)(fn, x), x)
 
 
 def test_targeted_iterative_equals_hand_iteration(linear_net: LinearNet) -> None:
@@ -62,8 +67,8 @@ def test_targeted_iterative_equals_hand_iteration(linear_net: LinearNet) -> None
     target = torch.tensor([2, 2, 0, 1, 0, 1])
     eta, steps = 0.03, 7
     seen: list[tuple[int, torch.Tensor]] = []
-    adv = targeted_iterative_fgs(
-        linear_net, x, target, eta, steps, callback=lambda t, xt: seen.append((t, xt.clone()))
+    adv = TargetedFGS(eta=eta, steps=steps)(
+        log_predictive_fn(linear_net), x, target, on_step=lambda t, xt: seen.append((t, xt.clone()))
     )
     cur = x.flatten(1).double().numpy()
     assert [t for t, _ in seen] == list(range(steps + 1))
@@ -88,9 +93,8 @@ def test_stepwise_pgd_equals_one_cleverhans_run_on_a_dropout_net() -> None:
     net = build_network(arch)
     x, target = _images(), torch.tensor([2, 5, 0, 1, 9, 3])
     eta, steps = 0.02, 6
-    ours = targeted_iterative_fgs(
-        net, x, target, eta, steps, k=5, generator=torch.Generator().manual_seed(3)
-    )
+    masks = torch.Generator().manual_seed(3)
+    ours = TargetedFGS(eta=eta, steps=steps)(log_predictive_fn(net, 5, generator=masks), x, target)
     fn = log_predictive_fn(net, 5, generator=torch.Generator().manual_seed(3))
     ref = projected_gradient_descent(
         fn,
@@ -118,24 +122,31 @@ def test_fgs_on_dropout_net_is_seeded_and_bounded() -> None:
     x = _images()
 
     def run(seed: int) -> torch.Tensor:
-        return fgs(net, x, 0.2, k=4, generator=torch.Generator().manual_seed(seed))
+        masks = torch.Generator().manual_seed(seed)
+        return FGS(eta=0.2)(log_predictive_fn(net, 4, generator=masks), x)
 
     a, b = run(1), run(1)
     assert torch.equal(a, b)
     assert float((a - x).abs().max()) <= 0.2 + 1e-6
     assert float(a.min()) >= 0.0 and float(a.max()) <= 1.0
     assert any(not torch.equal(run(1), run(s)) for s in range(2, 6))
-    assert all(p.requires_grad for p in net.parameters())  # parameters unfrozen afterwards
-    assert all(p.grad is None for p in net.parameters())  # and never accumulated gradients
 
 
 def test_pgd_stays_in_ball_is_seeded_and_leaves_global_rng(linear_net: LinearNet) -> None:
     x = _images()
+    fn, attack = log_predictive_fn(linear_net), PGD(eps=0.1, eps_iter=0.02, steps=5)
     state = torch.random.get_rng_state()
-    a = pgd(linear_net, x, eps=0.1, eps_iter=0.02, steps=5, seed=7)
+    a = attack(fn, x, generator=torch.Generator().manual_seed(7))
     assert torch.equal(torch.random.get_rng_state(), state)
-    assert torch.equal(a, pgd(linear_net, x, eps=0.1, eps_iter=0.02, steps=5, seed=7))
-    assert not torch.equal(a, pgd(linear_net, x, eps=0.1, eps_iter=0.02, steps=5, seed=8))
+    assert torch.equal(a, attack(fn, x, generator=torch.Generator().manual_seed(7)))
+    assert not torch.equal(a, attack(fn, x, generator=torch.Generator().manual_seed(8)))
+    # the random start is drawn from the generator: as if torch's global RNG were seeded so
+    torch.manual_seed(7)
+    ref = projected_gradient_descent(
+        fn, x, 0.1, 0.02, 5, np.inf, clip_min=0.0, clip_max=1.0, y=linear_net(x).argmax(1)
+    )
+    torch.random.set_rng_state(state)
+    torch.testing.assert_close(a, ref.detach(), atol=0, rtol=0)
     assert float((a - x).abs().max()) <= 0.1 + 1e-6
     assert float(a.min()) >= 0.0 and float(a.max()) <= 1.0
     own = linear_net(x).argmax(1)
@@ -147,7 +158,7 @@ def test_pgd_stays_in_ball_is_seeded_and_leaves_global_rng(linear_net: LinearNet
 def test_cw_l2_changes_predictions_or_leaves_images_alone(linear_net: LinearNet) -> None:
     x = _images()
     y = linear_net(x).argmax(1)
-    adv = cw_l2(linear_net, x, iterations=60, binary_steps=3, lr=0.1, initial_const=10.0)
+    adv = CWL2(iterations=60, binary_steps=3, lr=0.1, const=10.0)(log_predictive_fn(linear_net), x)
     changed = (adv - x).flatten(1).abs().amax(1) > 0
     assert bool(changed.any())
     flipped = linear_net(adv).argmax(1) != y
@@ -164,15 +175,20 @@ def test_model_function_of_deterministic_net_is_log_softmax(linear_net: LinearNe
     assert math.isclose(float(fn(x).detach().exp().sum(1).mean()), 1.0, rel_tol=1e-6)
 
 
+def _fn(net: LinearNet):
+    return log_predictive_fn(net)
+
+
 @pytest.mark.parametrize(
     ("call", "match"),
     [
-        (lambda net, x: fgs(net, x * 2, 0.1), r"\[0, 1\]"),
-        (lambda net, x: fgs(net, x, -0.1), "eta"),
-        (lambda net, x: fgs(net, x, 0.1, y=torch.zeros(2, dtype=torch.int64)), "labels"),
-        (lambda net, x: targeted_iterative_fgs(net, x, torch.zeros(6), 0.01, 3), "target"),
-        (lambda net, x: targeted_iterative_fgs(net, x, torch.zeros(6).long(), 0.0, 3), "eta"),
-        (lambda net, x: pgd(net, x, eps=0.1, eps_iter=0.2), "eps_iter"),
+        (lambda net, x: FGS(eta=0.1)(_fn(net), x * 2), r"\[0, 1\]"),
+        (lambda net, x: FGS(eta=-0.1), "eta"),
+        (lambda net, x: FGS(eta=0.1)(_fn(net), x, torch.zeros(2, dtype=torch.int64)), "labels"),
+        (lambda net, x: TargetedFGS(eta=0.01, steps=3)(_fn(net), x, torch.zeros(6)), "target"),
+        (lambda net, x: TargetedFGS(eta=0.01, steps=3)(_fn(net), x), "targeted"),
+        (lambda net, x: TargetedFGS(eta=0.0, steps=3), "eta"),
+        (lambda net, x: PGD(eps=0.1, eps_iter=0.2), "eps_iter"),
         (lambda net, x: log_predictive_fn(torch.nn.Linear(2, 2), 3), "trunk"),
     ],
 )

@@ -10,25 +10,29 @@ import pytest
 import torch
 from attacks_testnets import LinearNet
 
+from bayesgate.attacks.methods import FGS, TargetedFGS
 from bayesgate.attacks.run import NO_TARGET, choose_targets, run_attack
-from bayesgate.attacks.specs import DEFAULT_ATTACKS, AttackSpec, parse_attacks
+from bayesgate.attacks.specs import DEFAULT_ATTACKS, parse_attack, parse_attacks
+from bayesgate.models.networks.dropout import build_network, preset_architecture
 
 
 def test_spec_parse_fills_defaults_and_round_trips() -> None:
-    spec = AttackSpec.parse("targeted:steps=5,target=0")
+    spec = parse_attack("targeted:steps=5,target=0")
+    assert spec == TargetedFGS(eta=0.01, steps=5, target=0)
     assert spec.params == {"eta": 0.01, "steps": 5, "target": 0}
     assert spec.targeted and spec.label == "targeted 5×η=0.01 →0"
-    assert AttackSpec.parse(spec.key) == spec
-    assert AttackSpec.parse("fgs").params == {"eta": 0.2}
-    assert AttackSpec.parse(" pgd : eps=0.3 ").label == "PGD ε=0.3"
+    assert parse_attack(spec.key) == spec
+    assert parse_attack("fgs").params == {"eta": 0.2}
+    assert parse_attack(" pgd : eps=0.3 ").label == "PGD ε=0.3"
     assert [s.name for s in parse_attacks(DEFAULT_ATTACKS)] == ["fgs"] * 3 + ["targeted"]
 
 
 @pytest.mark.parametrize(
     ("text", "match"),
     [
-        ("fgm:eta=0.1", "unknown attack"),
-        ("fgs:steps=3", "no parameter"),
+        ("fgm:eta=0.1", "unknown attack 'fgm'; choose one of fgs, targeted, pgd, cw"),
+        ("fgs:steps=3", "attack 'fgs' has no parameter.s. steps; known: eta"),
+        ("pgd:eps=0.3,eta=1,k=3", "no parameter.s. eta, k; known: eps, eps_iter, steps"),
         ("targeted:steps=2.5", "steps must be int"),
         ("fgs:eta=abc", "eta must be float"),
         ("fgs:eta", "key=value"),
@@ -39,7 +43,7 @@ def test_spec_parse_fills_defaults_and_round_trips() -> None:
 )
 def test_bad_specs(text: str, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        AttackSpec.parse(text)
+        parse_attack(text)
 
 
 def test_duplicate_specs_rejected() -> None:
@@ -67,9 +71,7 @@ def _data(net: LinearNet, n: int = 40) -> tuple[torch.Tensor, torch.Tensor, torc
 
 def test_untargeted_verdicts_follow_the_definition(linear_net: LinearNet) -> None:
     x, y, pred = _data(linear_net)
-    out = run_attack(
-        linear_net, x, y, AttackSpec("fgs", {"eta": 0.15}), k=1, k_eval=1, batch_size=7
-    )
+    out = run_attack(linear_net, x, y, FGS(eta=0.15), k=1, k_eval=1, batch_size=7)
     adv_pred = linear_net(out.x_adv).argmax(1)
     assert torch.equal(out.clean_pred, pred) and torch.equal(out.adv_pred, adv_pred)
     assert torch.equal(out.eligible, pred == y)
@@ -79,16 +81,14 @@ def test_untargeted_verdicts_follow_the_definition(linear_net: LinearNet) -> Non
     assert out.adversarial_accuracy == float((adv_pred == y).double().mean())
     assert 0 < int(out.success.sum()) < int(out.eligible.sum()) + 1
     # batching does not change an input-wise deterministic attack
-    whole = run_attack(
-        linear_net, x, y, AttackSpec("fgs", {"eta": 0.15}), k=1, k_eval=1, batch_size=100
-    )
+    whole = run_attack(linear_net, x, y, FGS(eta=0.15), k=1, k_eval=1, batch_size=100)
     assert torch.equal(whole.x_adv, out.x_adv)
     torch.testing.assert_close(out.linf, (out.x_adv - x).flatten(1).abs().amax(1))
 
 
 def test_targeted_verdicts(linear_net: LinearNet) -> None:
     x, y, pred = _data(linear_net)
-    spec = AttackSpec("targeted", {"eta": 0.05, "steps": 10, "target": 2})
+    spec = TargetedFGS(eta=0.05, steps=10, target=2)
     out = run_attack(linear_net, x, y, spec, k=1, k_eval=1, batch_size=16)
     adv_pred = linear_net(out.x_adv).argmax(1)
     assert bool((out.target == 2).all())
@@ -100,7 +100,7 @@ def test_targeted_verdicts(linear_net: LinearNet) -> None:
 def test_step_hook_sees_every_step_of_every_batch(linear_net: LinearNet) -> None:
     x, y, _ = _data(linear_net, n=10)
     calls: list[tuple[int, int, int]] = []
-    spec = AttackSpec("targeted", {"steps": 3, "target": 0})
+    spec = TargetedFGS(steps=3, target=0)
     run_attack(
         linear_net,
         x,
@@ -116,7 +116,7 @@ def test_step_hook_sees_every_step_of_every_batch(linear_net: LinearNet) -> None
 
 def test_npz_loads_without_pickle(linear_net: LinearNet, tmp_path: Path) -> None:
     x, y, _ = _data(linear_net, n=12)
-    out = run_attack(linear_net, x, y, AttackSpec("fgs", {"eta": 0.3}), k=1, k_eval=1)
+    out = run_attack(linear_net, x, y, FGS(eta=0.3), k=1, k_eval=1)
     path = out.save_npz(tmp_path / "adv.npz", x)
     with np.load(path, allow_pickle=False) as data:
         assert data["x_adv"].shape == (12, 1, 4, 4) and data["x_adv"].dtype == np.float32
@@ -131,3 +131,17 @@ def test_npz_loads_without_pickle(linear_net: LinearNet, tmp_path: Path) -> None
     )
     with pytest.raises(ValueError, match=r"\.npz"):
         out.save_npz(tmp_path / "adv.npy")
+
+
+def test_run_attack_on_a_dropout_net_leaves_its_parameters_alone() -> None:
+    torch.manual_seed(0)
+    arch = preset_architecture("mlp-2x32")
+    arch["in_shape"] = [1, 4, 4]
+    net = build_network(arch)
+    x = torch.rand(8, 1, 4, 4, generator=torch.Generator().manual_seed(2))
+    y = torch.arange(8) % 10
+    before = [p.detach().clone() for p in net.parameters()]
+    run_attack(net, x, y, FGS(eta=0.2), k=3, k_eval=3, batch_size=3)
+    assert all(p.requires_grad for p in net.parameters())  # parameters unfrozen afterwards
+    assert all(p.grad is None for p in net.parameters())  # and never accumulated gradients
+    assert all(torch.equal(a, b) for a, b in zip(before, net.parameters(), strict=True))
