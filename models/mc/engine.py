@@ -8,6 +8,12 @@ uses an independent mask per example — the same distribution as K sequential p
 processed in chunks of at most ``max_rows`` so large K or B never exhausts memory.
 
 Outputs follow the project convention ``B×K×C``.
+
+:func:`mc_predict_features` returns, from the same K passes, the features a detector reads
+(:mod:`bayesgate.models.detection`): the network's ``feature_layers``, ``"trunk"`` =
+``model.trunk_features(trunk(x))`` computed once per input (the CNN's conv output, ``B×D``), and
+``"penultimate"`` = the MC average ``(1/K) Σ_k z_k`` of the head's last hidden activations
+``z_k = head[:model.penultimate_at](·)`` (``B×D``), taken before the final dropout/weight layer.
 """
 
 from __future__ import annotations
@@ -31,6 +37,14 @@ class MCPrediction(NamedTuple):
 
     probs: torch.Tensor
     log_probs: torch.Tensor
+
+
+class MCFeaturePrediction(NamedTuple):
+    """:class:`MCPrediction` plus ``features``: layer name → ``B×D`` float32 features."""
+
+    probs: torch.Tensor
+    log_probs: torch.Tensor
+    features: dict[str, torch.Tensor]
 
 
 def mc_logits(model: nn.Module, x: torch.Tensor, k: int) -> torch.Tensor:
@@ -59,20 +73,65 @@ def mc_predict(
     ``max_rows`` give bit-identical results on the same device. A deterministic network (card
     ``stochastic: false``) is run once and its answer expanded to K identical samples.
     """
+    log_p, _ = _predict(model, x, k, generator, max_rows, precision, with_features=False)
+    return MCPrediction(log_p.exp(), log_p)
+
+
+def mc_predict_features(
+    model: nn.Module,
+    x: torch.Tensor,
+    k: int,
+    *,
+    generator: torch.Generator | None = None,
+    max_rows: int | None = None,
+    precision: str = "fp32",
+) -> MCFeaturePrediction:
+    """:func:`mc_predict` plus the detector's features from the same K passes (no second forward).
+
+    ``features["trunk"]`` (networks whose ``feature_layers`` name it) is computed once per input;
+    ``features["penultimate"] = (1/K) Σ_k head[:penultimate_at](trunk(x))`` over the K passes
+    that give the probabilities. Same masks as :func:`mc_predict` for the same generator state.
+    """
+    log_p, features = _predict(model, x, k, generator, max_rows, precision, with_features=True)
+    return MCFeaturePrediction(log_p.exp(), log_p, features or {})
+
+
+def mc_logits_features(
+    model: nn.Module, x: torch.Tensor, k: int
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``B×K×C`` logits and the detector features (``B×D`` each) with autograd (attack mode).
+
+    Dropout is active in training mode or inside :func:`mc_sampling`, as for :func:`mc_logits`;
+    an adaptive attack differentiates the detector's scores through this function.
+    """
+    _check_k(k)
+    h = model.trunk(x)
+    out, pen_sum = _head_pass(model, h, k, with_features=True)
+    return out, _feature_dict(model, h, pen_sum, k)
+
+
+def _predict(
+    model: nn.Module,
+    x: torch.Tensor,
+    k: int,
+    generator: torch.Generator | None,
+    max_rows: int | None,
+    precision: str,
+    *,
+    with_features: bool,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
+    """``B×K×C`` log-probabilities (and features) under inference mode, dropout on."""
     _check_k(k)
     max_rows = DEFAULT_MAX_ROWS if max_rows is None else max_rows
     if max_rows < 1:
         raise ValueError(f"max_rows must be ≥ 1, got {max_rows}")
     with torch.inference_mode(), _eval_mode(model), _autocast(x.device, precision):
         if not getattr(model, "stochastic", True):
-            log_p = torch.cat([_log_softmax(model(c)) for c in x.split(max_rows)])
-            log_p = log_p.unsqueeze(1).expand(-1, k, -1)
-            return MCPrediction(log_p.exp(), log_p)
+            return _deterministic_log_probs(model, x, k, max_rows, with_features)
         # the head only ever sees fresh rows here, so dropout may mask them in place (a head
         # run k times on the same rows, the weight-sampling branch, must not)
         with mc_sampling(generator, inplace=getattr(model, "per_example_noise", True)):
-            log_p = _stochastic_log_probs(model, x, k, max_rows)
-    return MCPrediction(log_p.exp(), log_p)
+            return _stochastic_log_probs(model, x, k, max_rows, with_features)
 
 
 def mc_log_predictive(
@@ -92,24 +151,103 @@ def mc_log_predictive(
     return torch.logsumexp(log_p, dim=1) - math.log(k)
 
 
-def _stochastic_log_probs(model: nn.Module, x: torch.Tensor, k: int, max_rows: int) -> torch.Tensor:
-    """Fill a preallocated ``B×K×C`` tensor chunk by chunk; the trunk runs once per example."""
+def _deterministic_log_probs(
+    model: nn.Module, x: torch.Tensor, k: int, max_rows: int, with_features: bool
+) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
+    """A deterministic network runs once; its answer is expanded to K identical samples."""
+    if not with_features:
+        log_p = torch.cat([_log_softmax(model(c)) for c in x.split(max_rows)])
+        return log_p.unsqueeze(1).expand(-1, k, -1), None
+    parts = []
+    for c in x.split(max_rows):
+        h = model.trunk(c)
+        out, pen = _head_pass(model, h, 1, with_features=True)
+        parts.append((_log_softmax(out[:, 0]), _feature_dict(model, h, pen, 1)))
+    log_p = torch.cat([p for p, _ in parts]).unsqueeze(1).expand(-1, k, -1)
+    return log_p, {name: torch.cat([f[name] for _, f in parts]) for name in parts[0][1]}
+
+
+def _stochastic_log_probs(
+    model: nn.Module, x: torch.Tensor, k: int, max_rows: int, with_features: bool = False
+) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
+    """Fill a preallocated ``B×K×C`` tensor chunk by chunk; the trunk runs once per example.
+
+    With ``with_features`` the penultimate activations are summed over the K passes as they go
+    by and divided by K at the end; the trunk features are taken once per chunk of examples.
+    """
     b = x.shape[0]
     out: torch.Tensor | None = None
+    chunks: list[dict[str, torch.Tensor]] = []
     per_chunk = max(1, max_rows // k)  # examples per chunk when K fits in the row budget
     k_step = min(k, max_rows)  # samples per chunk when a single example's K does not fit
     for start in range(0, b, per_chunk):
         h = model.trunk(x[start : start + per_chunk])
         nb = h.shape[0]
+        pen_sum: torch.Tensor | None = None
         for k0 in range(0, k, k_step):
             kk = min(k_step, k - k0)
-            log_p = _log_softmax(_head_samples(model, h, kk))
+            logits, pen = _head_pass(model, h, kk, with_features)
+            log_p = _log_softmax(logits)
+            if pen is not None:
+                pen_sum = pen if pen_sum is None else pen_sum + pen
             if out is None:
                 out = torch.empty(b, k, log_p.shape[-1], dtype=torch.float32, device=x.device)
             out[start : start + nb, k0 : k0 + kk] = log_p
+        if with_features:
+            chunks.append(_feature_dict(model, h, pen_sum, k))
     if out is None:
         raise ValueError("mc_predict needs at least one input row")
-    return out
+    if not with_features:
+        return out, None
+    return out, {name: torch.cat([c[name] for c in chunks]) for name in chunks[0]}
+
+
+def _head_pass(
+    model: nn.Module, h: torch.Tensor, k: int, with_features: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``b×k×C`` head outputs and, with features, ``Σ_k`` of the penultimate activations (b×D).
+
+    The head is run as ``tail(body(·))`` with ``body = head[:penultimate_at]``: the same modules
+    in the same order as ``head(·)``, so the masks drawn are the same as without features.
+    """
+    if not with_features:
+        return _head_samples(model, h, k), None
+    body, tail = _split_head(model)
+    b = h.shape[0]
+    if not getattr(model, "per_example_noise", True):
+        outs, pen = [], None
+        for _ in range(k):
+            z = body(h)
+            pen = z.float() if pen is None else pen + z.float()
+            outs.append(tail(z))
+        return torch.stack(outs, dim=1), pen
+    rows = h.repeat_interleave(k, dim=0)
+    z = body(rows)
+    pen = z.float().view(b, k, -1).sum(dim=1)  # before the tail: its dropout masks z in place
+    out = tail(z)
+    return out.view(b, k, *out.shape[1:]), pen
+
+
+def _split_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
+    """``(head[:penultimate_at], head[penultimate_at:])``; a clear error for other networks."""
+    at = getattr(model, "penultimate_at", None)
+    if at is None or not isinstance(model.head, nn.Sequential):
+        raise ValueError(
+            f"{type(model).__name__} does not expose detector features (penultimate_at)"
+        )
+    return model.head[:at], model.head[at:]
+
+
+def _feature_dict(
+    model: nn.Module, h: torch.Tensor, pen_sum: torch.Tensor | None, k: int
+) -> dict[str, torch.Tensor]:
+    """``{"trunk": trunk_features(h), "penultimate": pen_sum / k}`` for the model's layers."""
+    features: dict[str, torch.Tensor] = {}
+    if "trunk" in getattr(model, "feature_layers", ()):
+        features["trunk"] = model.trunk_features(h).float()
+    if pen_sum is not None:
+        features["penultimate"] = pen_sum / k
+    return features
 
 
 def _head_samples(model: nn.Module, h: torch.Tensor, k: int) -> torch.Tensor:

@@ -4,6 +4,10 @@ Every network here has ``trunk`` (no randomness: run once per input) and ``head`
 first dropout layer: run K times). ``forward(x) = head(trunk(x))``. The MC engine uses the split to
 run the trunk on ``B`` rows and only the head on ``K·B`` rows.
 
+Detector features (:mod:`bayesgate.models.detection`): ``feature_layers`` names the layers a
+network exposes; ``head[:penultimate_at]`` gives the last hidden activations (before the final
+dropout), and the CNN's ``trunk_features`` turns the trunk output into per-channel means.
+
 Architectures are described by plain dicts (stored in the model card) and rebuilt with
 :func:`build_network`; named presets live in :data:`PRESETS`.
 """
@@ -30,7 +34,10 @@ class DropoutMLP(nn.Module):
 
     ``x → flatten → [dropout → linear → relu] × len(hidden) → dropout → linear → logits``.
     The trunk is only the flatten: the input itself is dropped, so everything else is stochastic.
+    Detector features: ``penultimate`` = the last ReLU's output (``hidden[-1]`` wide).
     """
+
+    feature_layers = ("penultimate",)
 
     def __init__(
         self,
@@ -52,6 +59,7 @@ class DropoutMLP(nn.Module):
         layers += [MCDropout(p), nn.Linear(dims[-1], classes)]
         self.trunk = nn.Flatten()
         self.head = nn.Sequential(*layers)
+        self.penultimate_at = len(layers) - 2  # head[:at] ends with the last ReLU
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.trunk(x))
@@ -62,7 +70,12 @@ class DropoutCNN(nn.Module):
 
     trunk: ``conv 32@3×3 (valid) → relu → conv 32@3×3 → relu → maxpool 2×2 → flatten``;
     head: ``dropout → dense hidden → relu → dropout → dense classes``.
+    Detector features: ``trunk`` = per-channel spatial means of the conv output (``channels``
+    wide, the global average pooling of Lee et al. 2018), ``penultimate`` = the dense ReLU output
+    (``hidden`` wide).
     """
+
+    feature_layers = ("trunk", "penultimate")
 
     def __init__(
         self,
@@ -93,6 +106,13 @@ class DropoutCNN(nn.Module):
             MCDropout(p),
             nn.Linear(hidden, classes),
         )
+        self.channels = channels
+        self.penultimate_at = 3  # head[:3] = dropout → dense → relu
+
+    def trunk_features(self, h: torch.Tensor) -> torch.Tensor:
+        """Per-channel spatial mean of the flattened trunk output ``h`` (``B×(channels·H·W)``),
+        ``B×channels``."""
+        return h.view(h.shape[0], self.channels, -1).mean(dim=-1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.trunk(x))

@@ -39,7 +39,12 @@ _MNIST_SHAPE = (1, 28, 28)
 
 
 class _BayesCNN(nn.Module):
-    """Common part: config checks, the empty trunk, the sampling switch."""
+    """Common part: config checks, the empty trunk, the sampling switch.
+
+    Detector features: ``penultimate`` = the input of the final dense layer (``head[:-1]``).
+    """
+
+    feature_layers = ("penultimate",)
 
     def __init__(
         self,
@@ -82,6 +87,11 @@ class _BayesCNN(nn.Module):
     def sampling(self, mode: str) -> None:
         set_sampling(self, mode)
         self._sampling = mode
+
+    @property
+    def penultimate_at(self) -> int:
+        """``head[:penultimate_at]`` ends just before the final dense layer."""
+        return len(self.head) - 1
 
     @property
     def per_example_noise(self) -> bool:

@@ -1,0 +1,268 @@
+"""Fitting a model's fused detector (``bayesgate fit-detector``): statistics, fusion, thresholds.
+
+Data (never the test split):
+
+1. **training split** (``train_subset`` images): features from :func:`collect_features` (K MC
+   passes) → class Gaussians per layer and the KDE samples, with the true labels;
+2. **validation split**, shuffled once by ``seed`` and cut into two disjoint parts:
+   - *fit* part (``fit_images``): the KDE bandwidth (held-out log-likelihood, true labels); the
+     clean side (label 0) of the fusion; the first ``attack_images`` of it are attacked with every
+     spec in ``attacks`` (default: FGS η ∈ {0.1, 0.2, 0.3} and the 40-step targeted attack, the
+     attacks ``bayesgate calibrate`` uses) through the ``k_attack``-pass MC log-predictive, and the
+     *successful* adversarial examples (:mod:`bayesgate.attacks.run`) are the fusion's label 1;
+   - *threshold* part (``threshold_images``, other clean images): every score's threshold at
+     ``target_fpr`` (:func:`bayesgate.attacks.metrics.threshold_at_fpr`), and its realised FPR.
+
+The report (``Detector.fit``) records the data sizes, shrinkage, bandwidth curve, fusion
+coefficients, each score's AUROC of the adversarial examples vs the *threshold-part* clean images
+(per attack and pooled; the adversarial side is in-sample for the fusion, so these are
+validation numbers, not the test-split evaluation) and the realised threshold FPRs.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from bayesgate.attacks.metrics import auroc, flag_rate, threshold_at_fpr
+from bayesgate.attacks.run import run_attack
+from bayesgate.attacks.specs import DEFAULT_ATTACKS, parse_attacks
+from bayesgate.models.detection.detector import (
+    FUSED,
+    Detector,
+    collect_features,
+    scores_numpy,
+)
+from bayesgate.models.detection.fit import fit_gaussians, fit_kde, fused_score_names, transform_for
+from bayesgate.models.detection.fusion import fit_fusion
+from bayesgate.models.store.directory import LoadedModel
+
+
+@dataclass(frozen=True)
+class FitSettings:
+    """What ``fit-detector`` uses; ``None`` = the card's ``k_test`` / ``k_attack`` / all images."""
+
+    k: int | None = None
+    k_attack: int | None = None
+    attacks: tuple[str, ...] = DEFAULT_ATTACKS
+    train_subset: int | None = None
+    fit_images: int = 5000
+    threshold_images: int = 5000
+    attack_images: int = 2000
+    kde_per_class: int = 500
+    kde_dtype: str = "float32"
+    shrinkage: float | None = None
+    l2: float = 1e-3
+    target_fpr: float = 0.05
+    seed: int = 0
+    batch_size: int = 100
+
+    def check(self) -> None:
+        for name in ("fit_images", "threshold_images", "attack_images", "kde_per_class"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name.replace('_', '-')} must be ≥ 1, got {getattr(self, name)}")
+        if self.attack_images > self.fit_images:
+            raise ValueError(
+                "attack-images must be ≤ fit-images (the attacked images are fit images)"
+            )
+        if not 0.0 < self.target_fpr < 1.0:
+            raise ValueError(f"target false-positive rate must be in (0, 1), got {self.target_fpr}")
+        if self.l2 <= 0:
+            raise ValueError(f"l2 must be > 0, got {self.l2}")
+
+
+def fit_detector(
+    loaded: LoadedModel,
+    settings: FitSettings | None = None,
+    *,
+    device: torch.device | str = "cpu",
+    progress: bool = False,
+) -> Detector:
+    """Fit every part of the detector of ``loaded`` (see the module docstring); writes nothing."""
+    from bayesgate.models.data.mnist import load_mnist
+
+    settings = settings or FitSettings()
+    settings.check()
+    run = _FitRun(loaded, settings, torch.device(device), progress)
+    card = loaded.card
+    val_size = int(card.training.get("val_size", 10_000))
+    if val_size < settings.fit_images + settings.threshold_images:
+        raise ValueError(
+            f"the validation split has {val_size} images; fit-images + threshold-images = "
+            f"{settings.fit_images + settings.threshold_images}"
+        )
+    started = time.perf_counter()
+    n_classes = len(card.classes)
+
+    run.log(f"training split: features with K={run.k}")
+    x_train, y_train = load_mnist("train", val_size=val_size, limit=settings.train_subset)
+    _, train_feats = run.collect(x_train, "train features")
+    gaussians = fit_gaussians(train_feats, y_train, n_classes, settings.shrinkage)
+
+    x_val, y_val = load_mnist("val", val_size=val_size)
+    order = torch.randperm(x_val.shape[0], generator=torch.Generator().manual_seed(settings.seed))
+    fit_rows = order[: settings.fit_images]
+    thr_rows = order[settings.fit_images : settings.fit_images + settings.threshold_images]
+    fit_probs, fit_feats = run.collect(x_val[fit_rows], "validation features (fit part)")
+    kde, kde_report = fit_kde(
+        train_feats[KDE_LAYER],
+        y_train,
+        fit_feats[KDE_LAYER],
+        y_val[fit_rows],
+        n_classes,
+        per_class=settings.kde_per_class,
+        dtype=settings.kde_dtype,
+        seed=settings.seed,
+    )
+    run.log(f"KDE bandwidth σ = {kde.bandwidth:.4g}")
+    detector = Detector(card.weights_sha256, run.k, gaussians, kde, KDE_LAYER)
+    detector.target_fpr = settings.target_fpr
+    fit_clean = scores_numpy(detector, fit_probs, fit_feats)
+
+    attacked = slice(0, settings.attack_images)
+    adversarial, attack_summaries = run.adversarial_scores(
+        detector, x_val[fit_rows][attacked], y_val[fit_rows][attacked]
+    )
+    names = fused_score_names(tuple(gaussians), with_kde=True)
+    pooled = {n: np.concatenate([a[n] for a in adversarial.values()]) for n in names}
+    clean = {n: fit_clean[n] for n in names}
+    transforms = tuple(transform_for(n) for n in names)
+    detector.fusion = fit_fusion(clean, pooled, names, transforms, settings.l2)
+
+    thr_clean = scores_numpy(detector, *run.collect(x_val[thr_rows], "validation (threshold part)"))
+    detector.thresholds = {
+        n: threshold_at_fpr(s, settings.target_fpr) for n, s in thr_clean.items()
+    }
+    adversarial = {key: scores_numpy_fused(detector, a) for key, a in adversarial.items()}
+    detector.fit = _report(
+        detector,
+        settings,
+        run,
+        {
+            "train": int(x_train.shape[0]),
+            "fit": int(fit_rows.numel()),
+            "attacked": int(settings.attack_images),
+            "threshold": int(thr_rows.numel()),
+        },
+        kde_report,
+        attack_summaries,
+        adversarial,
+        thr_clean,
+        time.perf_counter() - started,
+    )
+    return detector
+
+
+KDE_LAYER = "penultimate"
+
+
+def scores_numpy_fused(detector: Detector, scores: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Add the fused score to score arrays computed before the fusion was fitted."""
+    assert detector.fusion is not None
+    tensors = {n: torch.from_numpy(v) for n, v in scores.items()}
+    return {**scores, FUSED: detector.fusion.logit(tensors).numpy()}
+
+
+class _FitRun:
+    """The model, settings and device of one fit; collects features and adversarial scores."""
+
+    def __init__(
+        self, loaded: LoadedModel, settings: FitSettings, device: torch.device, progress: bool
+    ) -> None:
+        card = loaded.card
+        self.loaded, self.settings, self.device, self.progress = loaded, settings, device, progress
+        self.k = int(settings.k or card.inference.get("k_test", 100))
+        self.k_attack = int(settings.k_attack or card.inference.get("k_attack", 10))
+        self.specs = parse_attacks(list(settings.attacks))
+
+    def log(self, message: str) -> None:
+        if self.progress:
+            print(message, file=sys.stderr)
+
+    def collect(self, x: torch.Tensor, desc: str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``(probs N×K×C, features)`` with the fit's K, seed and device."""
+        return collect_features(
+            self.loaded.network,
+            x,
+            self.k,
+            batch_size=500,
+            seed=self.settings.seed,
+            device=self.device,
+            progress=self.progress,
+            desc=desc,
+        )
+
+    def adversarial_scores(
+        self, detector: Detector, x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[dict[str, dict[str, np.ndarray]], list[dict[str, Any]]]:
+        """Scores of the successful adversarial examples per attack spec, and attack summaries."""
+        scores: dict[str, dict[str, np.ndarray]] = {}
+        summaries = []
+        for spec in self.specs:
+            outcome = run_attack(
+                self.loaded.network,
+                x,
+                y,
+                spec,
+                k=self.k_attack,
+                k_eval=self.k,
+                batch_size=self.settings.batch_size,
+                seed=self.settings.seed,
+                device=self.device,
+                progress=self.progress,
+            )
+            summary = outcome.summary()
+            summaries.append(summary)
+            self.log(f"{spec.label}: {summary['successful']} of {summary['eligible']} succeeded")
+            if int(outcome.success.sum()) > 0:
+                adv = outcome.x_adv[outcome.success]
+                scores[spec.key] = scores_numpy(detector, *self.collect(adv, spec.label))
+        if not scores:
+            raise ValueError("no attack succeeded on the fit images: nothing to fit the fusion on")
+        return scores, summaries
+
+
+def _report(
+    detector: Detector,
+    settings: FitSettings,
+    run: _FitRun,
+    images: dict[str, int],
+    kde_report: dict[str, Any],
+    attack_summaries: list[dict[str, Any]],
+    adversarial: dict[str, dict[str, np.ndarray]],
+    thr_clean: dict[str, np.ndarray],
+    seconds: float,
+) -> dict[str, Any]:
+    """The JSON fit report (see the module docstring)."""
+    pooled = {n: np.concatenate([a[n] for a in adversarial.values()]) for n in thr_clean}
+    per_attack = {}
+    for summary in attack_summaries:
+        scores = adversarial.get(summary["attack"])
+        per_attack[summary["attack"]] = {
+            "label": summary["label"],
+            "eligible": summary["eligible"],
+            "successful": summary["successful"],
+            "success_rate": summary["success_rate"],
+            "auroc": None if scores is None else _aurocs(thr_clean, scores),
+        }
+    return {
+        "settings": {k: v for k, v in vars(settings).items()},
+        "k": run.k,
+        "k_attack": run.k_attack,
+        "images": images,
+        "shrinkage": {layer: g.shrinkage for layer, g in detector.gaussians.items()},
+        "kde": kde_report,
+        "realised_fpr": {n: flag_rate(s, detector.thresholds[n]) for n, s in thr_clean.items()},
+        "auroc": _aurocs(thr_clean, pooled),
+        "attacks": per_attack,
+        "seconds": round(seconds, 1),
+    }
+
+
+def _aurocs(clean: dict[str, np.ndarray], adversarial: dict[str, np.ndarray]) -> dict[str, float]:
+    return {n: round(auroc(clean[n], adversarial[n]), 6) for n in clean}

@@ -1,0 +1,151 @@
+"""Gaussian kernel density of the predicted class in the last hidden layer (Feinman et al. 2017,
+"Detecting adversarial samples from artifacts").
+
+For a feature ``f`` (``D``-dimensional) and the stored training features ``φ(x)``, ``x ∈ X_c``, of
+its predicted class ``c``::
+
+    KD(f) = (1/|X_c|) Σ_{x ∈ X_c} exp(−‖f − φ(x)‖² / σ²)
+
+computed in log-space, ``log KD(f) = logsumexp_x(−‖f − φ(x)‖²/σ²) − log |X_c|``; the detector
+score is ``−log KD(f) ≥ 0`` (larger = lower density = more suspicious). ``X_c`` is a per-class
+subsample of the training split small enough to ship (:func:`subsample_per_class`).
+
+Bandwidth: the kernel is the Gaussian ``N(φ(x), (σ²/2)·I)`` up to its normaliser
+``(πσ²)^{−D/2}``, so the normalised held-out log-likelihood of validation features ``f_j`` with
+labels ``c_j`` is ``ℓ(σ) = mean_j [log KD_{c_j}(f_j) − (D/2)·log(πσ²)]``. :func:`choose_bandwidth`
+maximises ``ℓ`` over a log-spaced grid and widens the grid until the maximum is interior.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class ClassKDE:
+    """Per-class kernel samples, sorted by class: rows ``offsets[c]:offsets[c+1]`` of ``samples``
+    (``N×D``) belong to class ``c``; ``bandwidth`` is σ."""
+
+    samples: torch.Tensor
+    offsets: torch.Tensor
+    bandwidth: float
+
+    @property
+    def n_classes(self) -> int:
+        return int(self.offsets.numel()) - 1
+
+    def log_density(self, f: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
+        """``log KD(f_b)`` of each row under the kernel samples of class ``classes[b]``, ``B``.
+
+        One matrix product per class present; differentiable in ``f`` (no in-place writes).
+        """
+        rows, values = [], []
+        for c in classes.unique().tolist():
+            rows.append((classes == c).nonzero().squeeze(1))
+            values.append(class_log_density(f[rows[-1]], self.class_samples(c), self.bandwidth))
+        return torch.cat(values)[torch.argsort(torch.cat(rows))]
+
+    def class_samples(self, c: int) -> torch.Tensor:
+        return self.samples[int(self.offsets[c]) : int(self.offsets[c + 1])]
+
+
+def class_log_density(f: torch.Tensor, samples: torch.Tensor, sigma: float) -> torch.Tensor:
+    """``logsumexp_i(−‖f_b − s_i‖²/σ²) − log n`` for every row ``f_b`` (``B×D``) vs ``s`` (``n×D``).
+
+    ``‖f − s‖² = ‖f‖² + ‖s‖² − 2 f·s`` (one matrix product), clamped at 0 against round-off.
+    """
+    s = samples.to(f.dtype)
+    sq = (f * f).sum(1, keepdim=True) + (s * s).sum(1) - 2.0 * (f @ s.T)
+    return torch.logsumexp(-sq.clamp_min(0.0) / sigma**2, dim=1) - math.log(s.shape[0])
+
+
+def subsample_per_class(
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    n_classes: int,
+    per_class: int,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """At most ``per_class`` random rows of every class, sorted by class: ``(samples, offsets)``.
+
+    Every class must have at least one row.
+    """
+    if per_class < 1:
+        raise ValueError(f"per_class must be ≥ 1, got {per_class}")
+    picked, offsets = [], [0]
+    for c in range(n_classes):
+        rows = (labels == c).nonzero().squeeze(1)
+        if rows.numel() == 0:
+            raise ValueError(f"class {c} has no examples to build its kernel density from")
+        order = torch.randperm(rows.numel(), generator=generator)[:per_class]
+        picked.append(features[rows[order.sort().values]])
+        offsets.append(offsets[-1] + picked[-1].shape[0])
+    return torch.cat(picked), torch.tensor(offsets, dtype=torch.int64)
+
+
+def held_out_log_likelihood(
+    kde_samples: torch.Tensor,
+    offsets: torch.Tensor,
+    f: torch.Tensor,
+    labels: torch.Tensor,
+    sigma: float,
+) -> float:
+    """``ℓ(σ) = mean_j [log KD_{c_j}(f_j) − (D/2)·log(πσ²)]`` in float64 (module docstring)."""
+    kde = ClassKDE(kde_samples.double(), offsets, sigma)
+    log_kd = kde.log_density(f.double(), labels).double()
+    d = f.shape[1]
+    return float(log_kd.mean()) - 0.5 * d * math.log(math.pi * sigma**2)
+
+
+def choose_bandwidth(
+    kde_samples: torch.Tensor,
+    offsets: torch.Tensor,
+    f: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    points: int = 25,
+    span: float = 100.0,
+    max_widenings: int = 8,
+) -> tuple[float, list[tuple[float, float]]]:
+    """σ maximising the held-out log-likelihood on a log grid; ``(σ, [(σ_i, ℓ(σ_i)), …])``.
+
+    The grid has ``points`` values spanning a factor ``span`` around ``σ₀`` = the root median
+    squared distance from a validation feature to the kernel samples of its class; when the best
+    value is at an edge the grid is extended past that edge (up to ``max_widenings`` times), so the
+    chosen σ is never a grid edge. ``ValueError`` if it still is.
+    """
+    sigma0 = _median_distance(kde_samples, offsets, f, labels)
+    ratio = span ** (1.0 / (points - 1))
+    grid = [sigma0 * span**-0.5 * ratio**i for i in range(points)]
+    curve: dict[float, float] = {}
+    for _ in range(max_widenings + 1):
+        for s in grid:
+            if s not in curve:
+                curve[s] = held_out_log_likelihood(kde_samples, offsets, f, labels, s)
+        ordered = sorted(curve)
+        best = max(ordered, key=curve.__getitem__)
+        if best == ordered[0]:
+            grid = [ordered[0] / ratio**i for i in range(1, points // 2 + 1)]
+        elif best == ordered[-1]:
+            grid = [ordered[-1] * ratio**i for i in range(1, points // 2 + 1)]
+        else:
+            return best, [(s, curve[s]) for s in ordered]
+    raise ValueError("the held-out likelihood peaks at the grid's edge; no bandwidth chosen")
+
+
+def _median_distance(
+    kde_samples: torch.Tensor, offsets: torch.Tensor, f: torch.Tensor, labels: torch.Tensor
+) -> float:
+    """Root of the median squared distance from ``f_j`` to the samples of class ``labels[j]``."""
+    values = []
+    for c in labels.unique().tolist():
+        s = kde_samples[int(offsets[c]) : int(offsets[c + 1])].double()
+        fc = f[labels == c].double()
+        values.append(torch.cdist(fc, s).pow(2).flatten())
+    med = float(torch.cat(values).median())
+    if not med > 0.0:
+        raise ValueError("validation features coincide with the kernel samples; cannot pick σ")
+    return math.sqrt(med)

@@ -1,0 +1,155 @@
+"""A detector beside its model: ``detector.safetensors`` (statistics), ``detector.json`` (the rest).
+
+``detector.safetensors`` holds the tensors — per layer ``mahalanobis.<layer>.means`` (``C×D``) and
+``mahalanobis.<layer>.precision`` (``D×D``), ``kde.samples`` (``N×D``) and ``kde.offsets``
+(``C+1``) — in the canonical form of :func:`bayesgate.models.store.directory.canonical_safetensors`.
+``detector.json`` holds everything else: the format, the model's weights sha256, K, the target
+FPR, shrinkage per layer, the KDE bandwidth and layer, the fusion's names, transforms,
+standardisation and coefficients, the thresholds of every score, the fit report, and the sha256 of
+the safetensors file (checked on load). JSON floats are written with ``repr`` precision, so a
+save/load round trip is bit-exact; nothing is ever pickled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
+
+from bayesgate.models.detection.detector import Detector
+from bayesgate.models.detection.fusion import LogisticFusion
+from bayesgate.models.detection.kde import ClassKDE
+from bayesgate.models.detection.mahalanobis import ClassGaussians
+from bayesgate.models.store.directory import (
+    ModelStoreError,
+    _atomic_write,
+    canonical_safetensors,
+    read_json_object,
+)
+
+DETECTOR_FORMAT = "bayesgate-detector/1"
+DETECTOR_JSON = "detector.json"
+DETECTOR_TENSORS = "detector.safetensors"
+
+
+def save_detector(detector: Detector, directory: Path | str) -> str:
+    """Write both files into ``directory`` (atomically); returns the sha256 of ``detector.json``."""
+    directory = Path(directory)
+    blob = canonical_safetensors(
+        save_safetensors(_tensors(detector), metadata={"format": DETECTOR_FORMAT})
+    )
+    meta = _metadata(detector, hashlib.sha256(blob).hexdigest())
+    text = (json.dumps(meta, indent=2) + "\n").encode()
+    _atomic_write(directory / DETECTOR_TENSORS, blob)
+    _atomic_write(directory / DETECTOR_JSON, text)
+    return hashlib.sha256(text).hexdigest()
+
+
+def load_detector(directory: Path | str, weights_sha256: str | None = None) -> Detector:
+    """Read and check both files; with ``weights_sha256``, check they belong to those weights.
+
+    Every problem is one :class:`ModelStoreError` naming the file.
+    """
+    directory = Path(directory)
+    path = directory / DETECTOR_JSON
+    meta = read_json_object(
+        path, "detector not found (run `bayesgate fit-detector MODEL`)", f"a {DETECTOR_FORMAT} file"
+    )
+    if meta.get("format") != DETECTOR_FORMAT:
+        raise ModelStoreError(f"{path}: not a {DETECTOR_FORMAT} file")
+    if weights_sha256 is not None and meta.get("model_sha256") != weights_sha256:
+        raise ModelStoreError(
+            f"{path}: fitted for weights {str(meta.get('model_sha256'))[:16]}…, but the model's "
+            f"weights are {weights_sha256[:16]}… (re-run `bayesgate fit-detector`)"
+        )
+    tensors = _read_tensors(directory / DETECTOR_TENSORS, meta.get("statistics_sha256"))
+    try:
+        return _detector(meta, tensors)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ModelStoreError(f"{path}: {type(exc).__name__}: {exc}") from exc
+
+
+def _tensors(detector: Detector) -> dict[str, torch.Tensor]:
+    out = {}
+    for layer, g in detector.gaussians.items():
+        out[f"mahalanobis.{layer}.means"] = g.means.detach().cpu().contiguous()
+        out[f"mahalanobis.{layer}.precision"] = g.precision.detach().cpu().contiguous()
+    if detector.kde is not None:
+        out["kde.samples"] = detector.kde.samples.detach().cpu().contiguous()
+        out["kde.offsets"] = detector.kde.offsets.detach().cpu().contiguous()
+    return out
+
+
+def _metadata(detector: Detector, statistics_sha256: str) -> dict[str, Any]:
+    return {
+        "format": DETECTOR_FORMAT,
+        "model_sha256": detector.model_sha256,
+        "statistics_sha256": statistics_sha256,
+        "k": detector.k,
+        "target_fpr": detector.target_fpr,
+        "score": detector.score,
+        "mahalanobis": {
+            layer: {"shrinkage": g.shrinkage, "dim": int(g.means.shape[1])}
+            for layer, g in detector.gaussians.items()
+        },
+        "kde": None
+        if detector.kde is None
+        else {
+            "layer": detector.kde_layer,
+            "bandwidth": detector.kde.bandwidth,
+            "samples": int(detector.kde.samples.shape[0]),
+            "dtype": str(detector.kde.samples.dtype).removeprefix("torch."),
+        },
+        "fusion": None if detector.fusion is None else detector.fusion.to_json(),
+        "thresholds": dict(detector.thresholds),
+        "fit": detector.fit,
+    }
+
+
+def _read_tensors(path: Path, expected_sha256: Any) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise ModelStoreError(f"{path}: detector statistics not found")
+    blob = path.read_bytes()
+    digest = hashlib.sha256(blob).hexdigest()
+    if digest != expected_sha256:
+        raise ModelStoreError(
+            f"{path}: sha256 {digest[:16]}… does not match {DETECTOR_JSON}'s "
+            f"{str(expected_sha256)[:16]}… (file truncated or tampered with)"
+        )
+    try:
+        return load_safetensors(blob)
+    except (SafetensorError, ValueError) as exc:
+        raise ModelStoreError(f"{path}: not a valid safetensors file ({exc})") from exc
+
+
+def _detector(meta: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Detector:
+    gaussians = {
+        layer: ClassGaussians(
+            tensors[f"mahalanobis.{layer}.means"],
+            tensors[f"mahalanobis.{layer}.precision"],
+            float(info["shrinkage"]),
+        )
+        for layer, info in meta["mahalanobis"].items()
+    }
+    kde_meta = meta.get("kde")
+    kde = None
+    if kde_meta is not None:
+        kde = ClassKDE(tensors["kde.samples"], tensors["kde.offsets"], float(kde_meta["bandwidth"]))
+    fusion = None if meta.get("fusion") is None else LogisticFusion.from_json(meta["fusion"])
+    return Detector(
+        model_sha256=str(meta["model_sha256"]),
+        k=int(meta["k"]),
+        gaussians=gaussians,
+        kde=kde,
+        kde_layer=str(kde_meta["layer"]) if kde_meta else "penultimate",
+        fusion=fusion,
+        target_fpr=float(meta["target_fpr"]),
+        thresholds={str(n): float(t) for n, t in meta["thresholds"].items()},
+        fit=dict(meta.get("fit") or {}),
+    )
