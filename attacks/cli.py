@@ -20,8 +20,11 @@ PARAM_DEST = "attack_param_"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from bayesgate.attacks import detector_cli
+
     _register_attack(sub)
     _register_calibrate(sub)
+    detector_cli.register(sub)
     _register_sweep(sub)
 
 

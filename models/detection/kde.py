@@ -33,6 +33,9 @@ class ClassKDE:
     offsets: torch.Tensor
     bandwidth: float
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "samples", self.samples.contiguous())
+
     @property
     def n_classes(self) -> int:
         return int(self.offsets.numel()) - 1

@@ -31,6 +31,12 @@ class ClassGaussians:
     precision: torch.Tensor
     shrinkage: float
 
+    def __post_init__(self) -> None:
+        # row-major always: a column-major precision (inverses return one) takes another matmul
+        # kernel than the row-major copy read back from safetensors and differs in the last bit
+        object.__setattr__(self, "means", self.means.contiguous())
+        object.__setattr__(self, "precision", self.precision.contiguous())
+
     def distances(self, f: torch.Tensor) -> torch.Tensor:
         """Squared Mahalanobis distances ``d_c(f) = (f − μ_c)ᵀ P (f − μ_c)``, ``B×C``."""
         diff = f.to(self.means.dtype).unsqueeze(1) - self.means.unsqueeze(0)  # B×C×D

@@ -36,6 +36,9 @@ class Calibration:
     thresholds: dict[str, float]
     validation: dict[str, Any] = field(default_factory=dict)
     attacks: list[dict[str, Any]] = field(default_factory=list)
+    # {"file": "detector.json", "sha256": …}: the fused detector (bayesgate fit-detector) that,
+    # when present, gives the served score, threshold and flag instead of ``score``
+    detector: dict[str, Any] | None = None
     created: str = ""
     format: str = CALIBRATION_FORMAT
 
@@ -60,6 +63,12 @@ class Calibration:
             raise ValueError(f"target_fpr must be in (0, 1), got {self.target_fpr}")
         if self.k < 1:
             raise ValueError(f"k must be ≥ 1, got {self.k}")
+        if self.detector is not None and not (
+            isinstance(self.detector, dict)
+            and isinstance(self.detector.get("file"), str)
+            and isinstance(self.detector.get("sha256"), str)
+        ):
+            raise ValueError('detector must be {"file": …, "sha256": …}')
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2) + "\n"

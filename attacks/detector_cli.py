@@ -1,0 +1,121 @@
+"""``bayesgate fit-detector MODEL``: fit the fused detector and store it beside the model.
+
+Writes ``detector.safetensors`` + ``detector.json`` into the model directory and, when the model
+has a ``calibration.json`` for the same weights, references the detector from it (file name and
+sha256), so the service flags inputs by the fused score. Prints a JSON summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from bayesgate.models.device import DEVICE_CHOICES, pick_device
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from bayesgate.attacks.detector_fit import FitSettings
+
+    d = FitSettings()
+    p = sub.add_parser(
+        "fit-detector",
+        help="fit the feature-density + uncertainty detector (fused) and store it by the model",
+    )
+    p.add_argument("model", type=Path, help="model directory (detector files are written there)")
+    p.add_argument("--k", type=int, default=None, help="MC passes of the scores (card k_test)")
+    p.add_argument("--k-attack", type=int, default=None, help="MC passes attacked (k_attack)")
+    p.add_argument(
+        "--attacks",
+        nargs="+",
+        default=list(d.attacks),
+        metavar="SPEC",
+        help="attacks whose successful examples train the fusion (default: %(default)s)",
+    )
+    p.add_argument(
+        "--train-subset", type=int, default=None, help="first N training images (default all)"
+    )
+    p.add_argument("--fit-images", type=int, default=d.fit_images, help="validation: fit part")
+    p.add_argument(
+        "--threshold-images", type=int, default=d.threshold_images, help="validation: thresholds"
+    )
+    p.add_argument(
+        "--attack-images", type=int, default=d.attack_images, help="fit images that are attacked"
+    )
+    p.add_argument("--kde-per-class", type=int, default=d.kde_per_class, help="KDE samples/class")
+    p.add_argument("--kde-dtype", choices=("float32", "float16"), default=d.kde_dtype)
+    p.add_argument(
+        "--shrinkage", type=float, default=None, help="fixed covariance shrinkage (Ledoit–Wolf)"
+    )
+    p.add_argument("--l2", type=float, default=d.l2, help="L2 penalty of the logistic fusion")
+    p.add_argument("--target-fpr", type=float, default=d.target_fpr, help="clean FPR of thresholds")
+    p.add_argument("--seed", type=int, default=d.seed, help="seed of masks, splits, subsamples")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="images per attack batch")
+    p.add_argument("--device", default="auto", help=f"one of {', '.join(DEVICE_CHOICES)}")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_fit_detector)
+
+
+def cmd_fit_detector(args: argparse.Namespace) -> int:
+    import torch
+
+    from bayesgate.attacks.detector_fit import FitSettings, fit_detector
+    from bayesgate.models.store.directory import load_model
+
+    for name in ("k", "k_attack", "train_subset", "batch_size", "threads"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be ≥ 1, got {value}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    settings = FitSettings(
+        k=args.k,
+        k_attack=args.k_attack,
+        attacks=tuple(args.attacks),
+        train_subset=args.train_subset,
+        fit_images=args.fit_images,
+        threshold_images=args.threshold_images,
+        attack_images=args.attack_images,
+        kde_per_class=args.kde_per_class,
+        kde_dtype=args.kde_dtype,
+        shrinkage=args.shrinkage,
+        l2=args.l2,
+        target_fpr=args.target_fpr,
+        seed=args.seed,
+        batch_size=args.batch_size,
+    )
+    device = pick_device(args.device)
+    loaded = load_model(args.model, device)
+    detector = fit_detector(loaded, settings, device=device, progress=not args.no_progress)
+    print(json.dumps(store_detector(detector, args.model), indent=2, ensure_ascii=False))
+    return 0
+
+
+def store_detector(detector: Any, directory: Path) -> dict[str, Any]:
+    """Save the detector, reference it from ``calibration.json`` if there is one; a summary."""
+    from bayesgate.models.detection.store import DETECTOR_JSON, save_detector
+    from bayesgate.models.store.calibration import read_calibration, write_calibration
+    from bayesgate.models.store.directory import CALIBRATION_FILE
+
+    sha = save_detector(detector, directory)
+    linked = False
+    if (Path(directory) / CALIBRATION_FILE).is_file():
+        calibration = read_calibration(directory, weights_sha256=detector.model_sha256)
+        calibration.detector = {"file": DETECTOR_JSON, "sha256": sha}
+        write_calibration(calibration, directory)
+        linked = True
+    fit = detector.fit
+    return {
+        "detector": str(Path(directory) / DETECTOR_JSON),
+        "calibration_references_it": linked,
+        "score": detector.score,
+        "threshold": detector.threshold,
+        "shrinkage": fit.get("shrinkage"),
+        "kde_bandwidth": detector.kde.bandwidth if detector.kde is not None else None,
+        "fusion": None if detector.fusion is None else detector.fusion.to_json(),
+        "validation_auroc": fit.get("auroc"),
+        "realised_fpr": fit.get("realised_fpr"),
+        "seconds": fit.get("seconds"),
+    }

@@ -1,0 +1,84 @@
+"""Detector features from the MC engine: same K passes, same masks, the right activations."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from bayesgate.models.mc.dropout import mc_sampling
+from bayesgate.models.mc.engine import mc_logits_features, mc_predict, mc_predict_features
+from bayesgate.models.networks.dropout import build_network, preset_architecture
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _net(preset: str, **changes: object) -> nn.Module:
+    torch.manual_seed(0)
+    net = build_network({**preset_architecture(preset), **changes})
+    return net.eval()
+
+
+@pytest.mark.parametrize(
+    ("preset", "layers"),
+    [
+        ("cnn", {"trunk": 32, "penultimate": 100}),
+        ("mlp-2x32", {"penultimate": 32}),
+        ("bbb-lenet5", {"penultimate": 84}),
+        ("cnn-det", {"trunk": 32, "penultimate": 100}),
+    ],
+)
+@pytest.mark.parametrize("max_rows", [None, 3])
+def test_probabilities_are_those_of_mc_predict(
+    preset: str, layers: dict[str, int], max_rows: int | None
+) -> None:
+    """Features ride along: the probabilities are bit-identical to mc_predict's (same masks)."""
+    net, x = _net(preset), torch.rand(5, 1, 28, 28, generator=_gen(1))
+    plain = mc_predict(net, x, 4, generator=_gen(2), max_rows=max_rows)
+    with_features = mc_predict_features(net, x, 4, generator=_gen(2), max_rows=max_rows)
+    assert torch.equal(plain.probs, with_features.probs)
+    assert {n: tuple(f.shape) for n, f in with_features.features.items()} == {
+        n: (5, d) for n, d in layers.items()
+    }
+
+
+def test_weight_sampling_bbb_gives_the_same_probabilities() -> None:
+    net = _net("bbb-lenet5")
+    net.sampling = "weights"
+    x = torch.rand(3, 1, 28, 28, generator=_gen(1))
+    plain = mc_predict(net, x, 4, generator=_gen(2))
+    with_features = mc_predict_features(net, x, 4, generator=_gen(2))
+    assert torch.equal(plain.probs, with_features.probs)
+
+
+def test_cnn_features_without_dropout_are_the_plain_activations() -> None:
+    """p = 0: every pass is the deterministic net; trunk = channel means of the conv output,
+    penultimate = relu(dense(conv features)) — computed here layer by layer."""
+    net, x = _net("cnn", p=0.0), torch.rand(4, 1, 28, 28, generator=_gen(3))
+    conv1, conv2, dense = net.trunk[0], net.trunk[2], net.head[1]
+    maps = torch.max_pool2d(torch.relu(conv2(torch.relu(conv1(x)))), 2)
+    out = mc_predict_features(net, x, 6, generator=_gen(0)).features
+    torch.testing.assert_close(out["trunk"], maps.mean(dim=(2, 3)))
+    torch.testing.assert_close(out["penultimate"], torch.relu(dense(maps.flatten(1))))
+
+
+def test_penultimate_is_the_mean_over_the_k_masks() -> None:
+    """Same generator state → the same K masks; the penultimate is their average activation."""
+    net, x, k = _net("mlp-2x32"), torch.rand(3, 1, 28, 28, generator=_gen(4)), 5
+    out = mc_predict_features(net, x, k, generator=_gen(7)).features["penultimate"]
+    with torch.no_grad(), mc_sampling(_gen(7)):
+        rows = net.trunk(x).repeat_interleave(k, dim=0)
+        z = net.head[: net.penultimate_at](rows)
+    torch.testing.assert_close(out, z.view(3, k, -1).mean(dim=1))
+
+
+def test_features_are_differentiable_in_attack_mode() -> None:
+    net = _net("cnn")
+    x = torch.rand(2, 1, 28, 28, generator=_gen(5), requires_grad=True)
+    with mc_sampling(_gen(0)):
+        logits, features = mc_logits_features(net, x, 3)
+    assert logits.shape == (2, 3, 10)
+    (features["trunk"].sum() + features["penultimate"].sum()).backward()
+    assert x.grad is not None and x.grad.abs().sum() > 0

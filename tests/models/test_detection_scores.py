@@ -1,0 +1,189 @@
+"""Mahalanobis, kernel density and the logistic fusion against closed forms and direct sums."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from bayesgate.attacks.metrics import flag_rate, threshold_at_fpr
+from bayesgate.models.detection.fusion import fit_fusion, fit_logistic
+from bayesgate.models.detection.kde import (
+    ClassKDE,
+    choose_bandwidth,
+    held_out_log_likelihood,
+    subsample_per_class,
+)
+from bayesgate.models.detection.mahalanobis import fit_class_gaussians, ledoit_wolf_shrinkage
+
+D, C = 4, 3
+MEANS = np.array([[0.0, 0.0, 0.0, 0.0], [3.0, -1.0, 0.5, 2.0], [-2.0, 2.0, 1.0, -1.0]])
+COV = np.array(
+    [[2.0, 0.6, 0.0, 0.3], [0.6, 1.0, 0.2, 0.0], [0.0, 0.2, 0.5, 0.1], [0.3, 0.0, 0.1, 1.5]]
+)
+
+
+def _gaussians(n_per_class: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = np.concatenate([rng.multivariate_normal(m, COV, n_per_class) for m in MEANS])
+    return x, np.repeat(np.arange(C), n_per_class)
+
+
+def test_mahalanobis_matches_the_closed_form_without_shrinkage() -> None:
+    x, y = _gaussians(400)
+    g = fit_class_gaussians(torch.from_numpy(x), torch.from_numpy(y), C, shrinkage=0.0)
+    means = np.stack([x[y == c].mean(0) for c in range(C)])
+    resid = x - means[y]
+    precision = np.linalg.inv(resid.T @ resid / len(x))
+    f = np.random.default_rng(1).normal(size=(7, D)) * 2
+    expected = np.array(
+        [[(fi - m) @ precision @ (fi - m) for m in means] for fi in f]
+    )  # float64 (f − μ_c)ᵀ Σ⁻¹ (f − μ_c), one pair at a time
+    got = g.distances(torch.from_numpy(f).float()).double().numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+    predicted = torch.tensor([0, 1, 2, 0, 1, 2, 0])
+    closest, to_pred = g.scores(torch.from_numpy(f).float(), predicted)
+    np.testing.assert_allclose(closest.numpy(), expected.min(1), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(to_pred.numpy(), expected[np.arange(7), predicted], rtol=1e-4)
+
+
+def test_mahalanobis_of_in_class_points_is_chi_squared() -> None:
+    """For f ~ N(μ_c, Σ), (f − μ_c)ᵀ Σ⁻¹ (f − μ_c) ~ χ²_D: mean D, variance 2D."""
+    x, y = _gaussians(20_000, seed=2)
+    g = fit_class_gaussians(torch.from_numpy(x), torch.from_numpy(y), C)
+    assert g.shrinkage < 0.01  # n ≫ D: Ledoit–Wolf barely shrinks
+    fresh, fresh_y = _gaussians(5_000, seed=3)
+    d = g.distances(torch.from_numpy(fresh).float())[torch.arange(3 * 5_000), fresh_y]
+    se = math.sqrt(2 * D / d.numel())
+    assert abs(float(d.double().mean()) - D) < 5 * se + 0.02 * D  # + shrinkage/estimation bias
+
+
+def _ledoit_wolf_by_definition(x: np.ndarray) -> float:
+    """Ledoit & Wolf (2004) with their inner product ⟨A, B⟩ = tr(ABᵀ)/p, literally, in loops."""
+    n, p = x.shape
+    s = x.T @ x / n
+    m = np.trace(s) / p
+    d2 = np.sum((s - m * np.eye(p)) ** 2) / p
+    b2 = sum(np.sum((np.outer(xi, xi) - s) ** 2) / p for xi in x) / n**2
+    return min(b2, d2) / d2
+
+
+@pytest.mark.parametrize(("n", "p"), [(30, 10), (200, 5), (8, 20)])
+def test_ledoit_wolf_shrinkage_matches_its_definition(n: int, p: int) -> None:
+    rng = np.random.default_rng(n + p)
+    x = rng.normal(size=(n, p)) @ rng.normal(size=(p, p))
+    x -= x.mean(0)
+    assert ledoit_wolf_shrinkage(torch.from_numpy(x)) == pytest.approx(
+        _ledoit_wolf_by_definition(x), rel=1e-9
+    )
+
+
+def test_shrinkage_makes_a_rank_deficient_covariance_invertible() -> None:
+    rng = np.random.default_rng(0)
+    x = np.zeros((12, 30))
+    x[:, :5] = rng.normal(size=(12, 5))  # 25 dead units, fewer points than dimensions
+    y = np.arange(12) % 3
+    g = fit_class_gaussians(torch.from_numpy(x), torch.from_numpy(y), 3)
+    assert 0.0 < g.shrinkage <= 1.0
+    assert torch.isfinite(g.precision).all()
+    with pytest.raises(ValueError, match="singular"):
+        fit_class_gaussians(torch.from_numpy(x), torch.from_numpy(y), 3, shrinkage=0.0)
+
+
+def test_kde_matches_a_direct_float64_sum() -> None:
+    rng = np.random.default_rng(4)
+    samples = [rng.normal(size=(n, 5)) + c for c, n in enumerate((6, 9, 4))]
+    kde = ClassKDE(
+        torch.from_numpy(np.concatenate(samples)).float(), torch.tensor([0, 6, 15, 19]), 1.7
+    )
+    f = rng.normal(size=(8, 5)) + 1
+    classes = np.array([0, 1, 2, 2, 1, 0, 1, 1])
+    expected = [
+        math.log(
+            sum(math.exp(-np.sum((f[b] - s) ** 2) / 1.7**2) for s in samples[c]) / len(samples[c])
+        )
+        for b, c in enumerate(classes)
+    ]
+    got = kde.log_density(torch.from_numpy(f).float(), torch.from_numpy(classes))
+    np.testing.assert_allclose(got.double().numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_kde_log_space_survives_far_points() -> None:
+    """Far from every sample exp(−‖f − φ‖²/σ²) underflows; the log-space value stays exact."""
+    kde = ClassKDE(torch.zeros(3, 2), torch.tensor([0, 3]), 1.0)
+    far = torch.tensor([[30.0, 40.0]])  # ‖f‖² = 2500
+    assert float(kde.log_density(far, torch.tensor([0]))) == pytest.approx(-2500.0)
+
+
+def test_bandwidth_maximises_held_out_likelihood_and_is_interior() -> None:
+    rng = np.random.default_rng(5)
+    train = torch.from_numpy(rng.normal(size=(400, 2)) * [1.0, 0.5])
+    labels = torch.from_numpy(np.arange(400) % 2)
+    samples, offsets = subsample_per_class(train, labels, 2, 150, torch.Generator().manual_seed(0))
+    assert offsets.tolist() == [0, 150, 300]
+    val = torch.from_numpy(rng.normal(size=(300, 2)) * [1.0, 0.5])
+    val_y = torch.from_numpy(np.arange(300) % 2)
+    sigma, curve = choose_bandwidth(samples, offsets, val, val_y)
+    sigmas = [s for s, _ in curve]
+    assert sigmas[0] < sigma < sigmas[-1]
+    assert max(curve, key=lambda p: p[1])[0] == sigma
+    # ℓ(σ) is the normalised density: N(φ, σ²/2·I) kernels; check one value by a direct sum
+    s_np, f_np, y_np = samples.numpy(), val.numpy(), val_y.numpy()
+    direct = np.mean(
+        [
+            np.log(
+                np.mean(np.exp(-np.sum((f - s_np[offsets[c] : offsets[c + 1]]) ** 2, 1) / sigma**2))
+            )
+            - math.log(math.pi * sigma**2)  # (D/2)·log(πσ²) with D = 2
+            for f, c in zip(f_np, y_np, strict=True)
+        ]
+    )
+    assert held_out_log_likelihood(samples, offsets, val, val_y, sigma) == pytest.approx(direct)
+
+
+def test_logistic_regression_recovers_a_separating_direction() -> None:
+    rng = np.random.default_rng(6)
+    z = rng.normal(size=(600, 3))
+    direction = np.array([2.0, -1.0, 0.0]) / math.sqrt(5)
+    margin = z @ direction
+    keep = np.abs(margin) > 0.2  # separable with a gap
+    z, y = z[keep], (margin[keep] > 0).astype(float)
+    w, b = fit_logistic(z, y, l2=1e-4)
+    assert w @ direction / np.linalg.norm(w) > 0.99
+    assert np.all(((z @ w + b) > 0) == (y == 1))
+
+
+def test_logistic_regression_satisfies_its_optimality_condition() -> None:
+    """Non-separable data: ∇L = Σ_i v_i (σ(η_i) − y_i) [z_i, 1] + λ[w, 0] = 0 at the optimum."""
+    rng = np.random.default_rng(7)
+    z = rng.normal(size=(500, 4))
+    y = (rng.random(500) < 1 / (1 + np.exp(-(z @ [1.0, -0.5, 0.0, 2.0] + 0.3)))).astype(float)
+    v = rng.random(500)
+    w, b = fit_logistic(z, y, v, l2=0.05)
+    p = 1 / (1 + np.exp(-(z @ w + b)))
+    vn = v / v.sum()
+    np.testing.assert_allclose(z.T @ (vn * (p - y)) + 0.05 * w, 0.0, atol=1e-8)
+    assert abs(vn @ (p - y)) < 1e-8
+
+
+def test_fused_threshold_keeps_its_fpr_on_held_out_clean_scores() -> None:
+    rng = np.random.default_rng(8)
+
+    def clean(n: int) -> dict[str, np.ndarray]:
+        return {"a": rng.normal(size=n), "b": rng.exponential(size=n)}
+
+    adversarial = {"a": rng.normal(2.0, 1.0, 400), "b": rng.exponential(4.0, 400)}
+    fusion = fit_fusion(clean(400), adversarial, ("a", "b"), ("identity", "log1p"))
+    assert fusion.coef[0] > 0 and fusion.coef[1] > 0
+
+    def fused(s: dict[str, np.ndarray]) -> np.ndarray:
+        return fusion.logit({k: torch.from_numpy(v) for k, v in s.items()}).numpy()
+
+    target, n_cal, n_test = 0.05, 2_000, 20_000
+    threshold = threshold_at_fpr(fused(clean(n_cal)), target)
+    fpr = flag_rate(fused(clean(n_test)), threshold)
+    # the calibration quantile's own spread plus the test estimate's, at about 4 σ
+    tol = 4 * math.sqrt(target * (1 - target) * (1 / n_cal + 1 / n_test))
+    assert abs(fpr - target) < tol
