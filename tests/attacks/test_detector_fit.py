@@ -1,0 +1,67 @@
+"""``bayesgate fit-detector`` on a tiny trained model and a data subset."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from bayesgate.attacks.metrics import threshold_at_fpr
+from bayesgate.cli import main
+from bayesgate.models.data.mnist import load_mnist
+from bayesgate.models.detection import FUSED, load_detector, score_images
+from bayesgate.models.detection.store import DETECTOR_JSON
+from bayesgate.models.store.calibration import Calibration, read_calibration, write_calibration
+from bayesgate.models.store.directory import load_model
+
+FIT = ["--train-subset", "600", "--fit-images", "200", "--threshold-images", "200"]
+SMALL = ["--attack-images", "40", "--kde-per-class", "20", "--k", "5", "--threads", "1"]
+ATTACKS = ["--attacks", "fgs:eta=0.2", "targeted:steps=3,eta=0.05", "--no-progress"]
+
+
+def test_fit_detector_end_to_end(model_copy: Path, capsys: pytest.CaptureFixture) -> None:
+    loaded = load_model(model_copy)
+    sha = loaded.card.weights_sha256
+    write_calibration(Calibration(sha, "predictive_entropy", 0.05, 5, {"predictive_entropy": 1.0}),
+                      model_copy)  # fmt: skip
+    assert main(["fit-detector", str(model_copy), *FIT, *SMALL, *ATTACKS]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["calibration_references_it"] and summary["score"] == FUSED
+
+    detector = load_detector(model_copy, weights_sha256=sha)
+    reference = read_calibration(model_copy, weights_sha256=sha).detector
+    assert reference == {
+        "file": DETECTOR_JSON,
+        "sha256": hashlib.sha256((model_copy / DETECTOR_JSON).read_bytes()).hexdigest(),
+    }
+    assert detector.k == 5 and set(detector.gaussians) == {"penultimate"}  # an MLP
+    assert detector.kde is not None and detector.kde.samples.shape == (200, 32)  # 20 per class
+    fit = detector.fit
+    assert fit["images"] == {"train": 600, "fit": 200, "attacked": 40, "threshold": 200}
+    grid = [s for s, _ in fit["kde"]["grid"]]
+    assert grid[0] < detector.kde.bandwidth < grid[-1]
+    assert set(fit["attacks"]) == {"fgs:eta=0.2", "targeted:eta=0.05,steps=3,target=random"}
+
+    # The thresholds are the 95 % points of the scores of the *other* validation images (the
+    # threshold part, after the seeded shuffle), recomputed here from scratch.
+    x_val, _ = load_mnist("val")
+    order = torch.randperm(10_000, generator=torch.Generator().manual_seed(0))
+    held_out = x_val[order[200:400]]
+    scores = score_images(detector, loaded.network, held_out, k=5, seed=0, batch_size=500)
+    assert set(scores) == set(detector.thresholds) == set(detector.score_names)
+    for name, values in scores.items():
+        assert detector.thresholds[name] == threshold_at_fpr(values, 0.05)
+        assert fit["realised_fpr"][name] <= 0.05
+
+
+def test_fit_detector_rejects_bad_settings(model_copy: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["fit-detector", str(model_copy), "--fit-images", "0", "--no-progress"]) == 2
+    assert "fit-images must be ≥ 1" in capsys.readouterr().err
+    args = ["--fit-images", "6000", "--threshold-images", "5000", "--no-progress"]
+    assert main(["fit-detector", str(model_copy), *args]) == 2
+    assert "validation split has 10000 images" in capsys.readouterr().err
+    assert main(["fit-detector", str(model_copy / "nope"), "--no-progress"]) == 2
+    assert capsys.readouterr().err.startswith("bayesgate: error:")
