@@ -190,6 +190,7 @@ def cmd_attack(args: argparse.Namespace) -> int:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from bayesgate.attacks.calibrate import calibrate
+    from bayesgate.attacks.detector_cli import detector_reference
     from bayesgate.attacks.report import write_report
     from bayesgate.models.store.calibration import write_calibration
     from bayesgate.models.store.directory import load_model
@@ -212,6 +213,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         progress=not args.no_progress,
     )
+    run.calibration.detector = detector_reference(args.model, loaded.card.weights_sha256)
     path = write_calibration(run.calibration, args.model)
     outputs = {"calibration": str(path)}
     if not args.no_report:

@@ -93,6 +93,22 @@ def cmd_fit_detector(args: argparse.Namespace) -> int:
     return 0
 
 
+def detector_reference(directory: Path, weights_sha256: str) -> dict[str, str] | None:
+    """``{"file", "sha256"}`` of the model's fitted detector when it belongs to these weights, so
+    that re-running ``bayesgate calibrate`` keeps serving the fused score; ``None`` otherwise."""
+    import hashlib
+
+    from bayesgate.models.detection.store import DETECTOR_JSON, load_detector
+    from bayesgate.models.store.directory import ModelStoreError
+
+    try:
+        load_detector(directory, weights_sha256=weights_sha256)
+    except ModelStoreError:
+        return None
+    digest = hashlib.sha256((Path(directory) / DETECTOR_JSON).read_bytes()).hexdigest()
+    return {"file": DETECTOR_JSON, "sha256": digest}
+
+
 def store_detector(detector: Any, directory: Path) -> dict[str, Any]:
     """Save the detector, reference it from ``calibration.json`` if there is one; a summary."""
     from bayesgate.models.detection.store import DETECTOR_JSON, save_detector

@@ -56,6 +56,11 @@ def test_fit_detector_end_to_end(model_copy: Path, capsys: pytest.CaptureFixture
         assert detector.thresholds[name] == threshold_at_fpr(values, 0.05)
         assert fit["realised_fpr"][name] <= 0.05
 
+    # re-calibrating keeps serving the fitted detector
+    small = ["--val-limit", "50", "--test-limit", "50", "--k", "5", "--attacks", "fgs:eta=0.2"]
+    assert main(["calibrate", str(model_copy), *small, "--no-report", "--no-progress"]) == 0
+    assert read_calibration(model_copy, weights_sha256=sha).detector == reference
+
 
 def test_fit_detector_rejects_bad_settings(model_copy: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["fit-detector", str(model_copy), "--fit-images", "0", "--no-progress"]) == 2
