@@ -93,10 +93,18 @@ class Detector:
         return self.thresholds[self.score]
 
     def scores(
-        self, probs: torch.Tensor, features: Mapping[str, torch.Tensor]
+        self,
+        probs: torch.Tensor,
+        features: Mapping[str, torch.Tensor],
+        uncertainty: Mapping[str, torch.Tensor] | None = None,
     ) -> dict[str, torch.Tensor]:
-        """Every score of :attr:`score_names` (``B`` each) from ``B×K×C`` probs and features."""
-        out = {name: fn(probs) for name, fn in SCORES.items()}
+        """Every score of :attr:`score_names` (``B`` each) from ``B×K×C`` probs and features.
+
+        ``uncertainty``: the MC uncertainty scores when the caller has them already (the service
+        does), else they are computed from ``probs``.
+        """
+        out = dict(uncertainty) if uncertainty is not None else {}
+        out.update({name: fn(probs) for name, fn in SCORES.items() if name not in out})
         predicted = predictive_mean(probs).argmax(dim=-1)
         for layer, gaussians in self.gaussians.items():
             closest, to_predicted = gaussians.scores(_layer(features, layer), predicted)

@@ -21,7 +21,7 @@ numpy; the coefficients live in JSON (:meth:`LogisticFusion.to_json`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -41,6 +41,9 @@ class LogisticFusion:
     coef: tuple[float, ...]
     intercept: float
     l2: float
+    _cache: dict[tuple[Any, ...], torch.Tensor] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         n = len(self.names)
@@ -53,23 +56,36 @@ class LogisticFusion:
 
     def standardise(self, scores: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """``z_j = (g_j(s_j) − m_j)/σ_j`` as ``B×F`` columns, in the scores' dtype."""
-        columns = []
-        for name, transform, m, s in zip(
-            self.names, self.transforms, self.mean, self.std, strict=True
-        ):
-            v = scores[name]
-            v = torch.log1p(v.clamp_min(0.0)) if transform == "log1p" else v
-            columns.append((v - m) / s)
-        return torch.stack(columns, dim=-1)
+        raw = torch.stack([scores[name] for name in self.names], dim=-1)
+        log1p = self._tensor("log1p", raw)
+        raw = torch.where(log1p, torch.log1p(raw.clamp_min(0.0)), raw)
+        return (raw - self._tensor("mean", raw)) / self._tensor("std", raw)
 
     def logit(self, scores: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """The fused score ``η = b + Σ_j w_j z_j`` (``B``); differentiable in the scores."""
         z = self.standardise(scores)
-        w = torch.tensor(self.coef, dtype=z.dtype, device=z.device)
-        return z @ w + self.intercept
+        return z @ self._tensor("coef", z) + self.intercept
+
+    def _tensor(self, name: str, like: torch.Tensor) -> torch.Tensor:
+        """``mean``/``std``/``coef`` (or the ``log1p`` mask) as a tensor like ``like``, cached
+        per dtype and device (the request path calls this for every batch)."""
+        key = (name, like.dtype, like.device)
+        cached = self._cache.get(key)
+        if cached is None:
+            if name == "log1p":
+                values = [t == "log1p" for t in self.transforms]
+                cached = torch.tensor(values, dtype=torch.bool, device=like.device)
+            else:
+                cached = torch.tensor(getattr(self, name), dtype=like.dtype, device=like.device)
+            self._cache[key] = cached
+        return cached
 
     def to_json(self) -> dict[str, Any]:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        return {
+            k: list(v) if isinstance(v, tuple) else v
+            for k, v in asdict(self).items()
+            if not k.startswith("_")
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> LogisticFusion:

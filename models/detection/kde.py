@@ -18,8 +18,9 @@ maximises ``ℓ`` over a log-spaced grid and widens the grid until the maximum i
 
 from __future__ import annotations
 
+import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -32,9 +33,24 @@ class ClassKDE:
     samples: torch.Tensor
     offsets: torch.Tensor
     bandwidth: float
+    # derived once: the samples in float32, their squared norms, each class's row range
+    _rows: torch.Tensor = field(init=False, repr=False, compare=False)
+    _sq_norms: torch.Tensor = field(init=False, repr=False, compare=False)
+    _bounds: list[tuple[int, int]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        counts = self.offsets.diff()
+        if counts.numel() < 1 or bool((counts < 1).any()) or int(self.offsets[-1]) != len(self):
+            raise ValueError(f"kde offsets {self.offsets.tolist()} do not split {len(self)} rows")
         object.__setattr__(self, "samples", self.samples.contiguous())
+        rows = self.samples.float()
+        object.__setattr__(self, "_rows", rows)
+        object.__setattr__(self, "_sq_norms", (rows * rows).sum(1))
+        bounds = self.offsets.tolist()
+        object.__setattr__(self, "_bounds", list(itertools.pairwise(bounds)))
+
+    def __len__(self) -> int:
+        return int(self.samples.shape[0])
 
     @property
     def n_classes(self) -> int:
@@ -43,26 +59,26 @@ class ClassKDE:
     def log_density(self, f: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
         """``log KD(f_b)`` of each row under the kernel samples of class ``classes[b]``, ``B``.
 
-        One matrix product per class present; differentiable in ``f`` (no in-place writes).
+        One matrix product per class present, ``‖f − s‖² = ‖f‖² + ‖s‖² − 2 f·s`` (clamped at 0
+        against round-off). Differentiable in ``f``; float64 when ``f`` is.
         """
-        rows, values = [], []
+        if f.shape[0] == 1:  # the common single-image request: no grouping
+            return self._class_log_density(f, int(classes.item()))
+        out = f.new_zeros(f.shape[0])
         for c in classes.unique().tolist():
-            rows.append((classes == c).nonzero().squeeze(1))
-            values.append(class_log_density(f[rows[-1]], self.class_samples(c), self.bandwidth))
-        return torch.cat(values)[torch.argsort(torch.cat(rows))]
+            rows = (classes == c).nonzero().squeeze(1)
+            out = out.index_put((rows,), self._class_log_density(f[rows], c))
+        return out
+
+    def _class_log_density(self, f: torch.Tensor, c: int) -> torch.Tensor:
+        """``logsumexp_i(−‖f_b − s_i‖²/σ²) − log n_c`` over the samples ``s_i`` of class ``c``."""
+        lo, hi = self._bounds[c]
+        s, sq_norms = self._rows[lo:hi].to(f.dtype), self._sq_norms[lo:hi].to(f.dtype)
+        sq = (f * f).sum(1, keepdim=True) + sq_norms - 2.0 * (f @ s.T)
+        return torch.logsumexp(-sq.clamp_min(0.0) / self.bandwidth**2, dim=1) - math.log(hi - lo)
 
     def class_samples(self, c: int) -> torch.Tensor:
         return self.samples[int(self.offsets[c]) : int(self.offsets[c + 1])]
-
-
-def class_log_density(f: torch.Tensor, samples: torch.Tensor, sigma: float) -> torch.Tensor:
-    """``logsumexp_i(−‖f_b − s_i‖²/σ²) − log n`` for every row ``f_b`` (``B×D``) vs ``s`` (``n×D``).
-
-    ``‖f − s‖² = ‖f‖² + ‖s‖² − 2 f·s`` (one matrix product), clamped at 0 against round-off.
-    """
-    s = samples.to(f.dtype)
-    sq = (f * f).sum(1, keepdim=True) + (s * s).sum(1) - 2.0 * (f @ s.T)
-    return torch.logsumexp(-sq.clamp_min(0.0) / sigma**2, dim=1) - math.log(s.shape[0])
 
 
 def subsample_per_class(
