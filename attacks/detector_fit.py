@@ -178,7 +178,7 @@ class _FitRun:
         self.loaded, self.settings, self.device, self.progress = loaded, settings, device, progress
         self.k = int(settings.k or card.inference.get("k_test", 100))
         self.k_attack = int(settings.k_attack or card.inference.get("k_attack", 10))
-        self.specs = parse_attacks(list(settings.attacks))
+        self.attacks = parse_attacks(list(settings.attacks))
 
     def log(self, message: str) -> None:
         if self.progress:
@@ -203,12 +203,12 @@ class _FitRun:
         """Scores of the successful adversarial examples per attack spec, and attack summaries."""
         scores: dict[str, dict[str, np.ndarray]] = {}
         summaries = []
-        for spec in self.specs:
+        for attack in self.attacks:
             outcome = run_attack(
                 self.loaded.network,
                 x,
                 y,
-                spec,
+                attack,
                 k=self.k_attack,
                 k_eval=self.k,
                 batch_size=self.settings.batch_size,
@@ -218,10 +218,10 @@ class _FitRun:
             )
             summary = outcome.summary()
             summaries.append(summary)
-            self.log(f"{spec.label}: {summary['successful']} of {summary['eligible']} succeeded")
+            self.log(f"{attack.label}: {summary['successful']} of {summary['eligible']} succeeded")
             if int(outcome.success.sum()) > 0:
                 adv = outcome.x_adv[outcome.success]
-                scores[spec.key] = scores_numpy(detector, *self.collect(adv, spec.label))
+                scores[attack.key] = scores_numpy(detector, *self.collect(adv, attack.label))
         if not scores:
             raise ValueError("no attack succeeded on the fit images: nothing to fit the fusion on")
         return scores, summaries
