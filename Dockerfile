@@ -82,7 +82,7 @@ COPY service/ /src/service/
 # at a fixed path, and drop pip: the final image installs nothing. (Run from /, not /src, so that
 # `python -c` imports the installed package rather than the source tree.)
 RUN pip install --no-cache-dir "/src${EXTRAS:+[${EXTRAS}]}" \
-    && python -c "from bayesgate.service.loading import load_serving_model as load; from bayesgate.service.settings import DEFAULT_MODEL_DIR as d; load(d, 'cpu'); print('bundled model OK:', d)" \
+    && python -c "from bayesgate.service.served_model import load_served_model as load; from bayesgate.service.settings import DEFAULT_MODEL_DIR as d; load(d, 'cpu'); print('bundled model OK:', d)" \
     && mkdir -p /opt/bayesgate \
     && ln -s "$(python -c 'from bayesgate.service.settings import DEFAULT_MODEL_DIR as d; print(d)')" /opt/bayesgate/default-model \
     && pip uninstall -y pip

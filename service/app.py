@@ -1,8 +1,8 @@
 """The FastAPI app factory and its lifespan.
 
-Lifespan: load the model (store, sha256-checked) → start the inference thread → warm-up batch →
-ready (metrics on, SIGTERM drain handler installed, admin watcher started when several processes
-share a runtime directory) → serve → not ready → stop the worker.
+Lifespan: load the model (store, sha256-checked) → start the inference thread (the model's one
+owner) → warm-up batch → ready (metrics on, SIGTERM drain handler installed, admin watcher started
+when several processes share a runtime directory) → serve → not ready → stop the worker.
 
 ``create_app()`` with no argument reads :class:`~bayesgate.service.settings.Settings` from the
 environment; this is what ``bayesgate serve`` hands to uvicorn (``factory=True``), so every
@@ -14,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from fastapi import FastAPI
@@ -24,7 +26,6 @@ from bayesgate.service.auth import key_digest
 from bayesgate.service.control import ModelControl
 from bayesgate.service.deps import default_mc_samples
 from bayesgate.service.errors import ServiceError, StartupError, install_error_handlers
-from bayesgate.service.loading import ServingModel, load_serving_model
 from bayesgate.service.logs import configure_logging
 from bayesgate.service.metrics import Metrics
 from bayesgate.service.middleware import (
@@ -33,6 +34,7 @@ from bayesgate.service.middleware import (
     StartupMessageMiddleware,
 )
 from bayesgate.service.routes import api_router, route_templates
+from bayesgate.service.served_model import ServedModel, load_served_model
 from bayesgate.service.settings import Settings
 from bayesgate.service.shutdown import install_drain_handler
 from bayesgate.service.worker import BatchWorker, WorkerStats
@@ -42,11 +44,119 @@ log = logging.getLogger("bayesgate.service")
 WARMUP_TIMEOUT_S = 120.0
 
 
-async def warm_up(worker: BatchWorker, serving: ServingModel, k: int, batch: int) -> None:
-    """Run one batch of blank images through the worker (first-call allocations, kernels)."""
-    x = torch.zeros(batch, *serving.input_shape)
-    await worker.predict(x, k, seed=0, timeout_s=WARMUP_TIMEOUT_S)
+# --- lifespan steps ---------------------------------------------------------------------------
+
+
+async def load_model(settings: Settings, state: Any) -> ServedModel:
+    """The configured model; a :class:`StartupError` is kept for the one-line start-up message."""
+    try:
+        return await asyncio.to_thread(load_served_model, settings.model_dir, settings.device)
+    except StartupError as exc:
+        state.startup_error = str(exc)
+        raise
+
+
+def start_worker(served: ServedModel, settings: Settings) -> BatchWorker:
+    """The inference thread, owning ``served``."""
+    if settings.num_threads:
+        torch.set_num_threads(settings.num_threads)
+    worker = BatchWorker(
+        served,
+        max_batch_size=settings.max_batch_size,
+        max_queue_delay_s=settings.max_queue_delay_s,
+        queue_capacity=settings.queue_capacity,
+    )
+    worker.start()
+    return worker
+
+
+async def warm_up(worker: BatchWorker, settings: Settings, state: Any) -> None:
+    """One batch of blank images through the worker (first-call allocations, kernels); a failure
+    stops the worker and the start-up."""
+    served = worker.model
+    batch = min(settings.max_batch_size, settings.max_instances)
+    x = torch.zeros(batch, *served.input_shape)
+    try:
+        k = default_mc_samples(settings, served)
+        await worker.predict(x, k, seed=0, timeout_s=WARMUP_TIMEOUT_S)
+    except ServiceError as exc:
+        worker.stop()
+        state.startup_error = f"warm-up batch failed: {exc.message}"
+        raise StartupError(state.startup_error) from exc
     worker.stats = WorkerStats()  # the warm-up batch is not traffic
+
+
+@dataclass
+class Serving:
+    """What runs while the app is ready, and how to stop it."""
+
+    worker: BatchWorker
+    watcher: asyncio.Task[None] | None
+    uninstall_drain: Callable[[], None] | None
+
+
+def go_ready(
+    state: Any, settings: Settings, metrics: Metrics, worker: BatchWorker, control: ModelControl
+) -> Serving:
+    """Metrics on, ready, SIGTERM drain handler, admin watcher (shared runtime directory)."""
+    worker.metrics = metrics
+    state.ready = True
+    metrics.set_ready(True)
+
+    def on_drain() -> None:
+        state.draining = True
+        metrics.set_ready(False)
+
+    uninstall = install_drain_handler(asyncio.get_running_loop(), settings.drain_delay_s, on_drain)
+    watcher = asyncio.create_task(control.watch()) if control.shared else None
+    served = worker.model
+    log.info(
+        "ready: model %s (sha256 %s…) on %s, score %s > %.4g flags adversarial; admin %s",
+        served.name,
+        served.sha256[:12],
+        served.device,
+        served.calibration.score,
+        served.calibration.threshold,
+        "enabled" if state.admin_key_digest else "disabled (no API key)",
+    )
+    return Serving(worker, watcher, uninstall)
+
+
+async def shut_down(state: Any, metrics: Metrics, serving: Serving) -> None:
+    """Not ready, stop the watcher and the drain handler, stop the worker (queued jobs → 503)."""
+    state.ready = False
+    metrics.set_ready(False)
+    if serving.watcher is not None:
+        serving.watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await serving.watcher
+    if serving.uninstall_drain is not None:
+        serving.uninstall_drain()
+    serving.worker.stop()
+    metrics.process_exit()
+
+
+def make_lifespan(settings: Settings, metrics: Metrics) -> Callable[[FastAPI], Any]:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state = app.state
+        state.ready, state.draining, state.startup_error = False, False, None
+        metrics.set_ready(False)
+        served = await load_model(settings, state)
+        state.worker = worker = start_worker(served, settings)
+        state.control = control = ModelControl(worker, settings, metrics)
+        control.start()
+        await warm_up(worker, settings, state)
+        serving = go_ready(state, settings, metrics, worker, control)
+        try:
+            yield
+        finally:
+            await shut_down(state, metrics, serving)
+
+    return lifespan
+
+
+# --- the app ----------------------------------------------------------------------------------
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -59,82 +169,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     configure_logging(settings.log_level, settings.log_format)
     metrics = Metrics()
     admin_key = settings.admin_key()
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state = app.state
-        state.ready, state.draining, state.startup_error = False, False, None
-        metrics.set_ready(False)
-        try:
-            serving = await asyncio.to_thread(
-                load_serving_model, settings.model_dir, settings.device
-            )
-        except StartupError as exc:
-            state.startup_error = str(exc)
-            raise
-        if settings.num_threads:
-            torch.set_num_threads(settings.num_threads)
-        worker = BatchWorker(
-            serving,
-            max_batch_size=settings.max_batch_size,
-            max_queue_delay_s=settings.max_queue_delay_s,
-            queue_capacity=settings.queue_capacity,
-        )
-        worker.start()
-        state.worker = worker
-        state.control = control = ModelControl(state, settings, metrics)
-        control.start(serving)
-        try:
-            k = default_mc_samples(settings, serving)
-            await warm_up(worker, serving, k, min(settings.max_batch_size, settings.max_instances))
-        except ServiceError as exc:
-            worker.stop()
-            state.startup_error = f"warm-up batch failed: {exc.message}"
-            raise StartupError(state.startup_error) from exc
-        worker.metrics = metrics
-        state.ready = True
-        metrics.set_ready(True)
-
-        def on_drain() -> None:
-            state.draining = True
-            metrics.set_ready(False)
-
-        uninstall = install_drain_handler(
-            asyncio.get_running_loop(), settings.drain_delay_s, on_drain
-        )
-        watcher = asyncio.create_task(control.watch()) if control.shared else None
-        log.info(
-            "ready: model %s (sha256 %s…) on %s, score %s > %.4g flags adversarial; admin %s",
-            serving.name,
-            serving.sha256[:12],
-            serving.device,
-            serving.calibration.score,
-            serving.calibration.threshold,
-            "enabled" if admin_key else "disabled (no API key)",
-        )
-        try:
-            yield
-        finally:
-            state.ready = False
-            metrics.set_ready(False)
-            if watcher is not None:
-                watcher.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await watcher
-            if uninstall is not None:
-                uninstall()
-            worker.stop()
-            metrics.process_exit()
-
-    docs = settings.docs
     app = FastAPI(
         title="BayesGate",
         summary="MNIST predictions with MC-dropout uncertainty and a calibrated adversarial flag",
         version=_version(),
-        lifespan=lifespan,
-        docs_url="/docs" if docs else None,
-        redoc_url="/redoc" if docs else None,
-        openapi_url="/openapi.json" if docs else None,
+        lifespan=make_lifespan(settings, metrics),
+        docs_url="/docs" if settings.docs else None,
+        redoc_url="/redoc" if settings.docs else None,
+        openapi_url="/openapi.json" if settings.docs else None,
     )
     app.state.settings = settings
     app.state.ready = False
@@ -143,6 +185,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.admin_key_digest = key_digest(admin_key) if admin_key else None
     install_error_handlers(app)
     app.include_router(api_router)
+    add_middleware(app, settings, metrics)
+    return app
+
+
+def add_middleware(app: FastAPI, settings: Settings, metrics: Metrics) -> None:
+    """Body limit (innermost), one-line start-up failures, request context (outermost)."""
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(StartupMessageMiddleware, state=app.state)
     app.add_middleware(
@@ -154,7 +202,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         metrics=metrics,
         access_log=settings.access_log,
     )
-    return app
 
 
 def _version() -> str:

@@ -64,6 +64,3 @@ async def require_admin(
         )
     if not key_matches(offered, expected):
         raise Unauthorized("invalid API key")
-
-
-AdminDep = Depends(require_admin)

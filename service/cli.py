@@ -89,8 +89,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from bayesgate.models.device import pick_device
     from bayesgate.service.errors import StartupError
-    from bayesgate.service.loading import load_serving_model
     from bayesgate.service.logs import uvicorn_log_config
+    from bayesgate.service.served_model import load_served_model
     from bayesgate.service.settings import settings_from_env
 
     overrides = {
@@ -113,7 +113,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         settings.admin_key()  # an unreadable or short key file: one line, before anything starts
         pick_device(settings.device)
-        load_serving_model(settings.model_dir, "cpu")  # fail fast, before uvicorn starts
+        load_served_model(settings.model_dir, "cpu")  # fail fast, before uvicorn starts
     except (StartupError, RuntimeError) as exc:
         raise ValueError(str(exc)) from None
     # Worker processes (and the app factory) read the settings from the environment.

@@ -31,16 +31,16 @@ import math
 import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from bayesgate.models.mc.engine import mc_predict
 from bayesgate.models.mc.uncertainty import SCORES
 from bayesgate.service.errors import InvalidInput, ReloadFailed, StartupError
-from bayesgate.service.loading import ServingModel, load_serving_model
 from bayesgate.service.metrics import Metrics
+from bayesgate.service.served_model import DecisionOverride, ServedModel, load_served_model
 from bayesgate.service.settings import Settings
+from bayesgate.service.worker import BatchWorker
 
 log = logging.getLogger("bayesgate.service")
 
@@ -60,43 +60,45 @@ class AdminState:
 
     generation: int = 0
     reloads: int = 0
-    score: str | None = None
-    threshold: float | None = None
-    set_at: str | None = None
+    override: DecisionOverride | None = None
 
     @classmethod
     def from_json(cls, text: str) -> AdminState:
         data = json.loads(text)
-        state = cls(
+        override = data["override"]
+        return cls(
             generation=int(data["generation"]),
             reloads=int(data["reloads"]),
-            score=data.get("score"),
-            threshold=None if data.get("threshold") is None else float(data["threshold"]),
-            set_at=data.get("set_at"),
+            override=None
+            if override is None
+            else DecisionOverride(
+                score=str(override["score"]),
+                threshold=float(override["threshold"]),
+                set_at=str(override["set_at"]),
+            ),
         )
-        if (state.score is None) != (state.threshold is None):
-            raise ValueError("score and threshold must be set together")
-        return state
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
 
 
-def with_decision(base: ServingModel, score: str, threshold: float, set_at: str) -> ServingModel:
-    """``base`` with ``score > threshold`` as its decision (``thresholds[score]`` replaced)."""
+def with_decision(base: ServedModel, override: DecisionOverride) -> ServedModel:
+    """``base`` with ``override.score > override.threshold`` as its decision (``thresholds[score]``
+    replaced)."""
     cal = base.calibration
     try:
         calibration = dataclasses.replace(
-            cal, score=score, thresholds={**cal.thresholds, score: float(threshold)}
+            cal,
+            score=override.score,
+            thresholds={**cal.thresholds, override.score: override.threshold},
         )
     except ValueError as exc:  # Calibration validates itself
         raise InvalidInput(str(exc)) from None
-    override = {"score": score, "threshold": float(threshold), "set_at": set_at}
     return dataclasses.replace(base, calibration=calibration, override=override)
 
 
 def resolve_decision(
-    score: str | None, threshold: float | None, active: ServingModel, base: ServingModel
+    score: str | None, threshold: float | None, active: ServedModel, base: ServedModel
 ) -> tuple[str, float]:
     """An admin request (either may be missing) → the full (score, threshold) to apply.
 
@@ -122,20 +124,20 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def _warm(serving: ServingModel) -> None:
+def _warm(serving: ServedModel) -> None:
     x = torch.zeros(1, *serving.input_shape, device=serving.device)
     mc_predict(serving.network, x, 2, generator=None)
 
 
 class ModelControl:
-    """Applies :class:`AdminState` s to an app: ``app.state.serving``, the worker, the metrics."""
+    """Applies :class:`AdminState` s to the worker's model (its one owner) and the metrics."""
 
-    def __init__(self, app_state: Any, settings: Settings, metrics: Metrics) -> None:
-        self.app_state = app_state
+    def __init__(self, worker: BatchWorker, settings: Settings, metrics: Metrics) -> None:
+        self.worker = worker
         self.settings = settings
         self.metrics = metrics
         self.applied = AdminState()
-        self.base: ServingModel | None = None  # as loaded from the store, no override
+        self.base: ServedModel | None = None  # as loaded from the store, no override
         self._lock = asyncio.Lock()
         self._dir = settings.runtime_dir
         self._seen: tuple[int, int, int] | None = None
@@ -144,52 +146,36 @@ class ModelControl:
     def shared(self) -> bool:
         return self._dir is not None
 
-    def start(self, serving: ServingModel) -> None:
-        self.base = serving
-        self.publish(serving)
+    def start(self) -> None:
+        """Take the worker's model as the store's (no override yet)."""
+        self.base = self.worker.model
+        self.publish(self.base)
 
-    def publish(self, serving: ServingModel) -> None:
-        """Make ``serving`` the model of the routes and the worker (atomic reference swaps)."""
-        self.app_state.serving = serving
-        worker = getattr(self.app_state, "worker", None)
-        if worker is not None:
-            worker.model = serving
-        cal = serving.calibration
-        self.metrics.set_model(serving.name, serving.sha256, cal.score, cal.threshold)
+    def publish(self, served: ServedModel) -> None:
+        """Make ``served`` the served model (one reference swap; the next batch runs on it)."""
+        self.worker.model = served
+        cal = served.calibration
+        self.metrics.set_model(served.name, served.sha256, cal.score, cal.threshold)
 
     # --- changes --------------------------------------------------------------------------------
 
     async def reload_state(self) -> AdminState:
         return await self.change(
-            lambda s: dataclasses.replace(
-                s,
-                generation=s.generation + 1,
-                reloads=s.reloads + 1,
-                score=None,
-                threshold=None,
-                set_at=None,
-            )
+            lambda s: AdminState(generation=s.generation + 1, reloads=s.reloads + 1)
         )
 
     async def set_decision(self, score: str | None, threshold: float | None) -> AdminState:
         def make(s: AdminState) -> AdminState:
             assert self.base is not None
-            resolved = resolve_decision(score, threshold, self.app_state.serving, self.base)
-            return dataclasses.replace(
-                s,
-                generation=s.generation + 1,
-                score=resolved[0],
-                threshold=resolved[1],
-                set_at=_now(),
-            )
+            resolved = resolve_decision(score, threshold, self.worker.model, self.base)
+            override = DecisionOverride(*resolved, set_at=_now())
+            return dataclasses.replace(s, generation=s.generation + 1, override=override)
 
         return await self.change(make)
 
     async def clear_decision(self) -> AdminState:
         return await self.change(
-            lambda s: dataclasses.replace(
-                s, generation=s.generation + 1, score=None, threshold=None, set_at=None
-            )
+            lambda s: dataclasses.replace(s, generation=s.generation + 1, override=None)
         )
 
     async def change(self, make: Callable[[AdminState], AdminState]) -> AdminState:
@@ -208,20 +194,17 @@ class ModelControl:
         base = self.base
         if state.reloads != self.applied.reloads:
             base = await self._reload(base)
-        if state.score is not None and state.threshold is not None:
-            serving = with_decision(base, state.score, state.threshold, state.set_at or _now())
-        else:
-            serving = base
+        served = base if state.override is None else with_decision(base, state.override)
         self.base = base
-        self.publish(serving)
+        self.publish(served)
         self.applied = state
         log.info(
             "admin generation %d applied: model %s (sha256 %s…), score %s > %.4g flags adversarial",
             state.generation,
-            serving.name,
-            serving.sha256[:12],
-            serving.calibration.score,
-            serving.calibration.threshold,
+            served.name,
+            served.sha256[:12],
+            served.calibration.score,
+            served.calibration.threshold,
         )
 
     async def _follow(self, state: AdminState) -> None:
@@ -232,10 +215,10 @@ class ModelControl:
             log.error("admin generation %d not applied here: %s", state.generation, exc.message)
             self.applied = state
 
-    async def _reload(self, current: ServingModel) -> ServingModel:
+    async def _reload(self, current: ServedModel) -> ServedModel:
         try:
             fresh = await asyncio.to_thread(
-                load_serving_model, self.settings.model_dir, self.settings.device
+                load_served_model, self.settings.model_dir, self.settings.device
             )
         except StartupError as exc:
             raise ReloadFailed(

@@ -1,5 +1,8 @@
 """Typed dependencies: the settings, the served model and its worker (from ``app.state``).
 
+The served model has one owner, the inference worker (``app.state.worker.model``): an admin
+change replaces it there, and the routes read it there.
+
 They are ``async def`` on purpose: FastAPI runs plain ``def`` dependencies in its thread pool,
 which costs a thread hand-off per dependency per request.
 """
@@ -10,8 +13,8 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from bayesgate.service.errors import NotReady
-from bayesgate.service.loading import ServingModel
+from bayesgate.service.errors import InvalidInput, NotReady
+from bayesgate.service.served_model import ServedModel
 from bayesgate.service.settings import Settings
 from bayesgate.service.worker import BatchWorker
 
@@ -20,33 +23,44 @@ async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-async def get_serving(request: Request) -> ServingModel:
+async def get_worker(request: Request) -> BatchWorker:
+    """The inference worker, once the model is loaded and warmed up."""
     if not getattr(request.app.state, "ready", False):
         raise NotReady("the model is not loaded and warmed up yet; retry shortly")
-    return request.app.state.serving
-
-
-async def get_ready_serving(request: Request) -> ServingModel:
-    """The served model when the server takes new traffic: loaded, warmed up and not draining."""
-    serving = await get_serving(request)
-    if getattr(request.app.state, "draining", False):
-        raise NotReady("the server is shutting down (draining in-flight requests)")
-    return serving
-
-
-async def get_worker(request: Request) -> BatchWorker:
-    await get_serving(request)
     return request.app.state.worker
 
 
+async def get_served(request: Request) -> ServedModel:
+    """The model the worker serves right now (an admin change may replace it at any time)."""
+    return (await get_worker(request)).model
+
+
+async def get_ready_served(request: Request) -> ServedModel:
+    """The served model when the server takes new traffic: loaded, warmed up and not draining."""
+    served = await get_served(request)
+    if getattr(request.app.state, "draining", False):
+        raise NotReady("the server is shutting down (draining in-flight requests)")
+    return served
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
-ServingDep = Annotated[ServingModel, Depends(get_serving)]
-ReadyDep = Annotated[ServingModel, Depends(get_ready_serving)]
+ServedDep = Annotated[ServedModel, Depends(get_served)]
+ReadyDep = Annotated[ServedModel, Depends(get_ready_served)]
 WorkerDep = Annotated[BatchWorker, Depends(get_worker)]
 
 
-def default_mc_samples(settings: Settings, serving: ServingModel) -> int:
+def default_mc_samples(settings: Settings, served: ServedModel) -> int:
     """K when a request gives none: the setting, else the calibration's K (capped at the max)."""
     if settings.default_mc_samples is not None:
         return settings.default_mc_samples
-    return min(serving.calibration.k, settings.max_mc_samples)
+    return min(served.calibration.k, settings.max_mc_samples)
+
+
+def mc_samples_for(requested: int | None, settings: Settings, served: ServedModel) -> int:
+    """K of a request: the one it asked for (1 … ``max_mc_samples``), else the default."""
+    k = default_mc_samples(settings, served) if requested is None else requested
+    if not 1 <= k <= settings.max_mc_samples:
+        raise InvalidInput(
+            f"mc_samples: expected an integer in 1 … {settings.max_mc_samples}, got {k}"
+        )
+    return k

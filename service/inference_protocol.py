@@ -1,7 +1,7 @@
 """Open Inference Protocol (KServe v2 / Triton HTTP) tensors: request decoding, response encoding.
 
 The served model has one input and eight outputs (``B`` = batch, ``C`` = classes; per instance
-``b`` with MC samples ``p_k``, the quantities of :mod:`bayesgate.service.predictor`):
+``b`` with MC samples ``p_k``, the fields of :class:`bayesgate.service.prediction.Prediction`):
 
 - ``input`` FP32 ``[-1, *card input shape]`` (``[-1, 1, 28, 28]``), values in the card's range;
 - ``probabilities`` FP32 ``[-1, C]``: ``p̄ = (1/K) Σ_k p_k``;
@@ -41,8 +41,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from bayesgate.service.errors import InvalidInput
 from bayesgate.service.inputs import check_values
-from bayesgate.service.loading import ServingModel
+from bayesgate.service.prediction import Prediction
 from bayesgate.service.schemas import MAX_SEED
+from bayesgate.service.served_model import ServedModel
 
 INPUT_NAME = "input"
 INPUT_DATATYPE = "FP32"
@@ -152,7 +153,7 @@ class InferResponse(BaseModel):
 # --- metadata ---------------------------------------------------------------------------------
 
 
-def model_metadata(serving: ServingModel) -> dict[str, Any]:
+def model_metadata(serving: ServedModel) -> dict[str, Any]:
     classes = len(serving.card.classes)
     outputs = [
         {
@@ -318,7 +319,7 @@ def _kind(arr: np.ndarray) -> str:
     )
 
 
-def parse_infer_request(payload: Any, serving: ServingModel, max_instances: int) -> ParsedInfer:
+def parse_infer_request(payload: Any, serving: ServedModel, max_instances: int) -> ParsedInfer:
     """Validate a decoded JSON body; every rejection is an :class:`InvalidInput` naming the
     field (→ 400 ``{"error": …}``)."""
     if not isinstance(payload, dict):
@@ -344,20 +345,38 @@ def parse_infer_request(payload: Any, serving: ServingModel, max_instances: int)
 # --- response ---------------------------------------------------------------------------------
 
 
-def encode_outputs(
-    predictions: list[dict[str, Any]], names: list[str], num_classes: int
-) -> list[dict[str, Any]]:
-    """Per-instance answers (:func:`bayesgate.service.predictor.summarise`) → output tensors, flat
-    data."""
+def infer_response(predictions: list[Prediction], request: ParsedInfer, k: int) -> dict[str, Any]:
+    """The response body: the model, score and threshold are those of the model that computed
+    the predictions (an admin change may land between the request's start and its batch)."""
+    model = predictions[0].model
+    parameters: dict[str, Any] = {
+        "mc_samples": k,
+        "calibration_mc_samples": model.calibration_mc_samples,
+        "score_name": predictions[0].score_name,
+        "threshold": predictions[0].threshold,
+        "weights_sha256": model.weights_sha256,
+    }
+    if request.seed is not None:
+        parameters["seed"] = request.seed
+    body: dict[str, Any] = {"model_name": model.name}
+    if request.request_id is not None:
+        body["id"] = request.request_id
+    body["parameters"] = parameters
+    body["outputs"] = encode_outputs(predictions, request.outputs)
+    return body
+
+
+def encode_outputs(predictions: list[Prediction], names: list[str]) -> list[dict[str, Any]]:
+    """Predictions → the requested output tensors (batch first, flat data)."""
     batch = len(predictions)
     out = []
     for name in names:
         datatype = OUTPUTS[name][0]
         if name == "probabilities":
-            data: list[Any] = [p for row in predictions for p in row["probabilities"]]
-            shape = [batch, num_classes]
+            data: list[Any] = [p for row in predictions for p in row.probabilities]
+            shape = [batch, len(predictions[0].probabilities)]
         else:
-            data = [row[name] for row in predictions]
+            data = [getattr(row, name) for row in predictions]
             shape = [batch]
         out.append({"name": name, "datatype": datatype, "shape": shape, "data": data})
     return out

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import json
 import math
 import warnings
 from collections.abc import Sequence
@@ -28,6 +29,16 @@ from PIL import Image, UnidentifiedImageError
 from bayesgate.service.errors import InvalidInput, TooManyInstances
 
 _DATA_URL_PREFIX = "data:image/png;base64,"
+
+
+def parse_json(body: bytes) -> Any:
+    """The request body as JSON; :class:`InvalidInput` for invalid JSON or absurd nesting."""
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"body: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise InvalidInput("body: JSON nested too deeply") from None
 
 
 def accepted_shapes(shape: Sequence[int]) -> list[tuple[int, ...]]:

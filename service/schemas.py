@@ -1,10 +1,13 @@
-"""Request and response bodies of the ``/v1`` API (pydantic)."""
+"""Request and response bodies of the ``/v1`` API (pydantic), and the ``/v1`` encoding of the
+worker's :class:`~bayesgate.service.prediction.Prediction` s."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from bayesgate.service.prediction import Prediction
 
 MAX_SEED = 2**63 - 1
 
@@ -31,11 +34,17 @@ class PredictRequest(BaseModel):
 
 
 class ModelRef(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
     name: str
     weights_sha256: str
 
 
 class InstancePrediction(BaseModel):
+    """The ``/v1`` encoding of one :class:`~bayesgate.service.prediction.Prediction`."""
+
+    model_config = ConfigDict(from_attributes=True)
+
     label: int = Field(description="class index argmax_c p̄_c")
     class_name: str
     probabilities: list[float] = Field(description="MC predictive mean p̄ = (1/K) Σ_k p_k")
@@ -56,11 +65,27 @@ class InstancePrediction(BaseModel):
 
 
 class PredictResponse(BaseModel):
-    model: ModelRef
+    model: ModelRef = Field(description="the weights that computed these predictions")
     mc_samples: int
     calibration_mc_samples: int = Field(description="K the threshold was calibrated with")
     seed: int | None = None
     predictions: list[InstancePrediction]
+
+
+def predict_response(predictions: list[Prediction], k: int, seed: int | None) -> PredictResponse:
+    """The ``/v1`` answer: one engine call computed a request's predictions, so they all name the
+    same model, the one reported at the top."""
+    model = predictions[0].model
+    return PredictResponse.model_validate(
+        {
+            "model": model,
+            "mc_samples": k,
+            "calibration_mc_samples": model.calibration_mc_samples,
+            "seed": seed,
+            "predictions": predictions,
+        },
+        from_attributes=True,
+    )
 
 
 class ModelList(BaseModel):

@@ -17,8 +17,11 @@ larger than ``max_batch_size`` runs alone. Within a batch:
 An exception in an engine call fails only the jobs of that call (``InferenceFailed``); the
 thread keeps serving. Expired or cancelled jobs are dropped before they reach the engine.
 
-The served model can be replaced while the worker runs (``worker.model = new``, an admin reload):
-each engine call reads ``model`` once, so a batch runs entirely on the old or the new one. With
+The worker is the one owner of the served model
+(:class:`~bayesgate.service.served_model.ServedModel`): the routes read ``worker.model`` and an
+admin change replaces it (``worker.model = new``). Each engine call reads ``model`` once, so a
+batch runs entirely on the old or the new one, and every
+:class:`~bayesgate.service.prediction.Prediction` names the model that computed it. With
 ``metrics`` set (after the warm-up), queue depth, queue time, compute time, batch sizes, outcomes
 and flagged instances go to Prometheus (:class:`bayesgate.service.metrics.Metrics`).
 """
@@ -32,15 +35,16 @@ import queue
 import threading
 import time
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
+from bayesgate.service.engine import Engine, mc_engine
 from bayesgate.service.errors import DeadlineExceeded, InferenceFailed, NotReady, QueueFull
-from bayesgate.service.loading import ServingModel
 from bayesgate.service.metrics import Metrics
-from bayesgate.service.predictor import Engine, mc_engine, summarise
+from bayesgate.service.prediction import Prediction, predictions
+from bayesgate.service.served_model import ServedModel
 
 log = logging.getLogger("bayesgate.service")
 
@@ -57,7 +61,9 @@ class Job:
     return_samples: bool
     deadline: float  # time.monotonic() after which the answer is useless
     enqueued: float = field(default_factory=time.monotonic)
-    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    future: concurrent.futures.Future[list[Prediction]] = field(
+        default_factory=concurrent.futures.Future
+    )
 
     @property
     def size(self) -> int:
@@ -124,7 +130,7 @@ class BatchWorker:
 
     def __init__(
         self,
-        model: ServingModel,
+        model: ServedModel,
         *,
         max_batch_size: int = 64,
         max_queue_delay_s: float = 0.005,
@@ -133,6 +139,7 @@ class BatchWorker:
     ) -> None:
         if max_batch_size < 1 or queue_capacity < 1 or max_queue_delay_s < 0:
             raise ValueError("max_batch_size and queue_capacity must be ≥ 1, delay ≥ 0")
+        # The served model, owned here: the routes read it, an admin change replaces it.
         self.model = model
         self.max_batch_size = max_batch_size
         self.max_queue_delay_s = max_queue_delay_s
@@ -190,8 +197,9 @@ class BatchWorker:
         seed: int | None = None,
         return_samples: bool = False,
         timeout_s: float = 30.0,
-    ) -> list[dict[str, Any]]:
-        """Answer one request (one dict per instance); raises the job's domain error."""
+    ) -> list[Prediction]:
+        """Answer one request (one :class:`Prediction` per instance, in order); raises the job's
+        domain error."""
         job = self.submit(x, k, seed=seed, return_samples=return_samples, timeout_s=timeout_s)
         try:
             return await asyncio.wait_for(asyncio.wrap_future(job.future), timeout_s)
@@ -307,7 +315,7 @@ class BatchWorker:
             probs = self.engine(model.network, x, k, generator)
             if probs.shape[:2] != (size, k):
                 raise RuntimeError(f"engine returned shape {tuple(probs.shape)}, expected B×K×C")
-            answers = summarise(probs, model.calibration, model.card.classes)
+            answers = predictions(probs, model)
         except Exception as exc:
             seconds = time.perf_counter() - start
             self.stats.record_call(size, len(jobs), seconds, ok=False)
@@ -324,13 +332,12 @@ class BatchWorker:
         if self.metrics is not None:
             self.metrics.observe_engine_call(size, seconds)
             self.metrics.count_requests("succeeded", len(jobs))
-            self.metrics.count_instances(size, sum(row["adversarial"] for row in answers))
+            self.metrics.count_instances(size, sum(p.adversarial for p in answers))
         offset = 0
         for job in jobs:
             rows = answers[offset : offset + job.size]
             if job.return_samples:
                 samples = probs[offset : offset + job.size].float().cpu().tolist()
-                for row, sample in zip(rows, samples, strict=True):
-                    row["samples"] = sample
+                rows = [replace(p, samples=s) for p, s in zip(rows, samples, strict=True)]
             offset += job.size
             job.future.set_result(rows)

@@ -15,6 +15,7 @@ What a change does is in :mod:`bayesgate.service.control`.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -22,9 +23,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bayesgate.service.auth import require_admin
 from bayesgate.service.control import AdminState, ModelControl
-from bayesgate.service.deps import ServingDep
+from bayesgate.service.deps import ServedDep
 from bayesgate.service.errors import InvalidInput, describe_validation_errors
-from bayesgate.service.routes.predict import parse_json
+from bayesgate.service.inputs import parse_json
 from bayesgate.service.schemas import error_responses
 
 router = APIRouter(
@@ -65,21 +66,21 @@ def _control(request: Request) -> ModelControl:
 
 
 def _result(request: Request, state: AdminState) -> dict[str, Any]:
-    serving = request.app.state.serving
     control = _control(request)
+    served = control.worker.model
     return {
-        "model": serving.name,
-        "weights_sha256": serving.sha256,
-        "score": serving.calibration.score,
-        "threshold": serving.calibration.threshold,
-        "override": serving.override,
+        "model": served.name,
+        "weights_sha256": served.sha256,
+        "score": served.calibration.score,
+        "threshold": served.calibration.threshold,
+        "override": None if served.override is None else asdict(served.override),
         "generation": state.generation,
         "scope": "all worker processes (others within 1 s)" if control.shared else "this process",
     }
 
 
 @router.post("/reload", response_model=AdminResult, responses=error_responses(409))
-async def reload(request: Request, _: ServingDep) -> dict[str, Any]:
+async def reload(request: Request, _: ServedDep) -> dict[str, Any]:
     """Reload the model and its calibration from the configured model directory (no body)."""
     if await request.body():
         raise InvalidInput(
@@ -99,7 +100,7 @@ async def reload(request: Request, _: ServingDep) -> dict[str, Any]:
         }
     },
 )
-async def set_threshold(request: Request, _: ServingDep) -> dict[str, Any]:
+async def set_threshold(request: Request, _: ServedDep) -> dict[str, Any]:
     """Flag inputs by ``score > threshold``; a missing score keeps the active one, a missing
     threshold takes calibration.json's for that score."""
     payload = parse_json(await request.body())
@@ -112,7 +113,7 @@ async def set_threshold(request: Request, _: ServingDep) -> dict[str, Any]:
 
 
 @router.delete("/threshold", response_model=AdminResult)
-async def clear_threshold(request: Request, _: ServingDep) -> dict[str, Any]:
+async def clear_threshold(request: Request, _: ServedDep) -> dict[str, Any]:
     """Back to calibration.json's score and threshold."""
     state = await _control(request).clear_decision()
     return _result(request, state)

@@ -39,10 +39,10 @@ async def healthz() -> dict[str, str]:
     response_model=Readiness,
     responses={503: {**ERROR_RESPONSES[503], "description": "not loaded yet, or draining"}},
 )
-async def readyz(serving: ReadyDep) -> dict[str, Any]:
+async def readyz(served: ReadyDep) -> dict[str, Any]:
     """Readiness: 200 once the model is loaded and a warm-up batch has run; 503 before, and
     from SIGTERM on."""
-    return {"status": "ready", "model": serving.name, "weights_sha256": serving.sha256}
+    return {"status": "ready", "model": served.name, "weights_sha256": served.sha256}
 
 
 @router.get(

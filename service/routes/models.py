@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from bayesgate.service.deps import ServingDep, SettingsDep, WorkerDep
+from bayesgate.service.deps import ServedDep, SettingsDep, WorkerDep
 from bayesgate.service.errors import ModelNotFound
 from bayesgate.service.schemas import ModelList, error_responses
 
@@ -14,19 +14,19 @@ router = APIRouter(tags=["models"])
 
 
 @router.get("/models", response_model=ModelList, responses=error_responses(503))
-async def list_models(serving: ServingDep) -> dict[str, Any]:
+async def list_models(served: ServedDep) -> dict[str, Any]:
     """The served model(s): card and calibration summary (threshold, target FPR, AUROCs)."""
-    return {"models": [serving.summary()]}
+    return {"models": [served.summary()]}
 
 
 @router.get("/models/{name}", responses=error_responses(404, 422, 503))
-async def get_model(name: str, serving: ServingDep) -> dict[str, Any]:
+async def get_model(name: str, served: ServedDep) -> dict[str, Any]:
     """One model's card and calibration summary."""
-    if name != serving.name:
+    if name != served.name:
         raise ModelNotFound(
-            f"model {name!r} is not served here; this server serves {serving.name!r}"
+            f"model {name!r} is not served here; this server serves {served.name!r}"
         )
-    return serving.summary()
+    return served.summary()
 
 
 @router.get("/stats", responses=error_responses(503))

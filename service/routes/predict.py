@@ -6,20 +6,22 @@ worker and await its answer; nothing here touches the model.
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 import torch
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from bayesgate.service.deps import ServingDep, SettingsDep, WorkerDep, default_mc_samples
+from bayesgate.service.deps import ServedDep, SettingsDep, WorkerDep, mc_samples_for
 from bayesgate.service.errors import InvalidInput, UnsupportedMediaType, describe_validation_errors
-from bayesgate.service.inputs import decode_images, decode_instances, decode_png
-from bayesgate.service.loading import ServingModel
-from bayesgate.service.schemas import MAX_SEED, PredictRequest, PredictResponse, error_responses
+from bayesgate.service.inputs import decode_images, decode_instances, decode_png, parse_json
+from bayesgate.service.schemas import (
+    MAX_SEED,
+    PredictRequest,
+    PredictResponse,
+    error_responses,
+    predict_response,
+)
 from bayesgate.service.settings import Settings
 
 router = APIRouter(tags=["predict"])
@@ -37,16 +39,6 @@ class FileOptions(BaseModel):
     seed: int | None = Field(None, ge=0, le=MAX_SEED)
 
 
-def parse_json(body: bytes) -> Any:
-    """The request body as JSON; :class:`InvalidInput` for invalid JSON or absurd nesting."""
-    try:
-        return json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidInput(f"body: not valid JSON ({exc})") from None
-    except RecursionError:
-        raise InvalidInput("body: JSON nested too deeply") from None
-
-
 def _require_media_type(request: Request, expected: str) -> None:
     got = request.headers.get("content-type", "")
     if got.split(";")[0].strip().lower() != expected:
@@ -56,34 +48,18 @@ def _require_media_type(request: Request, expected: str) -> None:
         )
 
 
-def resolve_k(requested: int | None, settings: Settings, serving: ServingModel) -> int:
-    k = default_mc_samples(settings, serving) if requested is None else requested
-    if not 1 <= k <= settings.max_mc_samples:
-        raise InvalidInput(
-            f"mc_samples: expected an integer in 1 … {settings.max_mc_samples}, got {k}"
-        )
-    return k
-
-
 async def _answer(
     x: torch.Tensor,
     k: int,
     seed: int | None,
     return_samples: bool,
     worker: WorkerDep,
-    serving: ServingModel,
     settings: Settings,
-) -> dict[str, Any]:
+) -> PredictResponse:
     predictions = await worker.predict(
         x, k, seed=seed, return_samples=return_samples, timeout_s=settings.request_timeout_s
     )
-    return {
-        "model": {"name": serving.name, "weights_sha256": serving.sha256},
-        "mc_samples": k,
-        "calibration_mc_samples": serving.calibration.k,
-        "seed": seed,
-        "predictions": predictions,
-    }
+    return predict_response(predictions, k, seed)
 
 
 @router.post(
@@ -98,8 +74,8 @@ async def _answer(
     },
 )
 async def predict(
-    request: Request, settings: SettingsDep, serving: ServingDep, worker: WorkerDep
-) -> dict[str, Any]:
+    request: Request, settings: SettingsDep, served: ServedDep, worker: WorkerDep
+) -> PredictResponse:
     """Label, probabilities, uncertainty and adversarial flag for each image of the body."""
     _require_media_type(request, "application/json")
     payload = parse_json(await request.body())
@@ -113,14 +89,14 @@ async def predict(
         raise InvalidInput(
             "body: give exactly one of 'instances' (arrays) or 'images' (base64 PNG)"
         )
-    k = resolve_k(req.mc_samples, settings, serving)
+    k = mc_samples_for(req.mc_samples, settings, served)
     if req.instances is not None:
         x = decode_instances(
-            req.instances, serving.input_shape, serving.input_range, settings.max_instances
+            req.instances, served.input_shape, served.input_range, settings.max_instances
         )
     else:
-        x = decode_images(req.images or [], serving.input_shape, settings.max_instances)
-    return await _answer(x, k, req.seed, req.return_samples, worker, serving, settings)
+        x = decode_images(req.images or [], served.input_shape, settings.max_instances)
+    return await _answer(x, k, req.seed, req.return_samples, worker, settings)
 
 
 @router.post(
@@ -148,8 +124,8 @@ async def predict(
     },
 )
 async def predict_file(
-    request: Request, settings: SettingsDep, serving: ServingDep, worker: WorkerDep
-) -> dict[str, Any]:
+    request: Request, settings: SettingsDep, served: ServedDep, worker: WorkerDep
+) -> PredictResponse:
     """Multipart upload of one PNG (field ``file``); options as form fields."""
     _require_media_type(request, "multipart/form-data")
     try:
@@ -170,6 +146,6 @@ async def predict_file(
         await form.close()
     if not data:
         raise InvalidInput("file: the uploaded file is empty")
-    k = resolve_k(opts.mc_samples, settings, serving)
-    x = torch.from_numpy(decode_png(data, "file", serving.input_shape)).unsqueeze(0)
-    return await _answer(x, k, opts.seed, opts.return_samples, worker, serving, settings)
+    k = mc_samples_for(opts.mc_samples, settings, served)
+    x = torch.from_numpy(decode_png(data, "file", served.input_shape)).unsqueeze(0)
+    return await _answer(x, k, opts.seed, opts.return_samples, worker, settings)

@@ -23,7 +23,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from bayesgate.service.deps import ReadyDep, ServingDep, SettingsDep, WorkerDep
+from bayesgate.service.deps import ReadyDep, ServedDep, SettingsDep, WorkerDep, mc_samples_for
 from bayesgate.service.errors import InvalidInput, ModelNotFound
 from bayesgate.service.inference_protocol import (
     InferRequest,
@@ -33,13 +33,13 @@ from bayesgate.service.inference_protocol import (
     ModelReadyResponse,
     ReadyResponse,
     ServerMetadata,
-    encode_outputs,
+    infer_response,
     model_metadata,
     parse_infer_request,
 )
-from bayesgate.service.loading import ServingModel
-from bayesgate.service.routes.predict import parse_json, resolve_k
+from bayesgate.service.inputs import parse_json
 from bayesgate.service.schemas import error_responses
+from bayesgate.service.served_model import ServedModel
 
 router = APIRouter(tags=["open inference protocol (v2)"])
 
@@ -47,9 +47,9 @@ SERVER_NAME = "bayesgate"
 EXTENSIONS = ["parameters"]  # request and response "parameters" (mc_samples, seed, …)
 
 
-def _check_name(name: str, serving: ServingModel) -> None:
-    if name != serving.name:
-        raise ModelNotFound(f"unknown model {name!r}; this server serves {serving.name!r}")
+def _check_name(name: str, served: ServedModel) -> None:
+    if name != served.name:
+        raise ModelNotFound(f"unknown model {name!r}; this server serves {served.name!r}")
 
 
 @router.get("", response_model=ServerMetadata, responses=error_responses(v2=True))
@@ -65,7 +65,7 @@ async def live() -> dict[str, bool]:
 
 
 @router.get("/health/ready", response_model=ReadyResponse, responses=error_responses(503, v2=True))
-async def ready(serving: ReadyDep) -> dict[str, bool]:
+async def ready(served: ReadyDep) -> dict[str, bool]:
     """Readiness: 200 once the model is loaded and warmed up; 503 before and while draining."""
     return {"ready": True}
 
@@ -75,10 +75,10 @@ async def ready(serving: ReadyDep) -> dict[str, bool]:
     response_model=ModelMetadata,
     responses=error_responses(400, 404, 503, v2=True),
 )
-async def get_model_metadata(name: str, serving: ServingDep) -> dict[str, Any]:
+async def get_model_metadata(name: str, served: ServedDep) -> dict[str, Any]:
     """The model's input and output tensors (names, datatypes, shapes)."""
-    _check_name(name, serving)
-    return model_metadata(serving)
+    _check_name(name, served)
+    return model_metadata(served)
 
 
 @router.get(
@@ -86,9 +86,9 @@ async def get_model_metadata(name: str, serving: ServingDep) -> dict[str, Any]:
     response_model=ModelReadyResponse,
     responses=error_responses(400, 404, 503, v2=True),
 )
-async def model_ready(name: str, serving: ReadyDep) -> dict[str, Any]:
+async def model_ready(name: str, served: ReadyDep) -> dict[str, Any]:
     """200 when the model takes traffic; 503 while loading or draining."""
-    _check_name(name, serving)
+    _check_name(name, served)
     return {"name": name, "ready": True}
 
 
@@ -107,11 +107,11 @@ async def infer(
     name: str,
     request: Request,
     settings: SettingsDep,
-    serving: ServingDep,
+    served: ServedDep,
     worker: WorkerDep,
 ) -> JSONResponse:
     """Label, probabilities, uncertainty and the adversarial flag of each instance of ``input``."""
-    _check_name(name, serving)
+    _check_name(name, served)
     if "inference-header-content-length" in request.headers:
         raise InvalidInput(
             "binary tensor data is not supported by this server; send JSON tensors "
@@ -120,26 +120,9 @@ async def infer(
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type not in ("", "application/json"):
         raise InvalidInput(f"Content-Type must be application/json (or absent), got {content_type}")
-    parsed = parse_infer_request(parse_json(await request.body()), serving, settings.max_instances)
-    k = resolve_k(parsed.mc_samples, settings, serving)
+    parsed = parse_infer_request(parse_json(await request.body()), served, settings.max_instances)
+    k = mc_samples_for(parsed.mc_samples, settings, served)
     predictions = await worker.predict(
         parsed.x, k, seed=parsed.seed, timeout_s=settings.request_timeout_s
     )
-    # The answer's threshold and score are those the worker used (an admin change may land
-    # between the request's start and its batch).
-    first = predictions[0]
-    parameters: dict[str, Any] = {
-        "mc_samples": k,
-        "calibration_mc_samples": serving.calibration.k,
-        "score_name": first["score_name"],
-        "threshold": first["threshold"],
-        "weights_sha256": serving.sha256,
-    }
-    if parsed.seed is not None:
-        parameters["seed"] = parsed.seed
-    body: dict[str, Any] = {"model_name": serving.name}
-    if parsed.request_id is not None:
-        body["id"] = parsed.request_id
-    body["parameters"] = parameters
-    body["outputs"] = encode_outputs(predictions, parsed.outputs, len(serving.card.classes))
-    return JSONResponse(body)
+    return JSONResponse(infer_response(predictions, parsed, k))

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from deploy_files import COMPOSE_FILE, Dockerfile, parse_dockerfile
 
-from bayesgate.service.loading import load_serving_model
+from bayesgate.service.served_model import load_served_model
 from bayesgate.service.settings import DEFAULT_MODEL_DIR
 
 
@@ -61,5 +61,5 @@ def check_jsonschema() -> str:
 @pytest.fixture(scope="session")
 def served_model_dir() -> Path:
     """The model the container serves: the bundled default (the image build requires it too)."""
-    load_serving_model(DEFAULT_MODEL_DIR, "cpu")  # StartupError naming the file if broken
+    load_served_model(DEFAULT_MODEL_DIR, "cpu")  # StartupError naming the file if broken
     return DEFAULT_MODEL_DIR

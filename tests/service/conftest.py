@@ -28,7 +28,7 @@ from bayesgate.models.store.calibration import Calibration, write_calibration
 from bayesgate.models.store.directory import ModelCard, save_model
 from bayesgate.models.training.train import TrainConfig, train
 from bayesgate.service.app import create_app
-from bayesgate.service.predictor import Engine
+from bayesgate.service.engine import Engine
 from bayesgate.service.settings import Settings
 
 TARGET_FPR = 0.05

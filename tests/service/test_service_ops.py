@@ -20,10 +20,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from bayesgate.cli import main
 from bayesgate.models.store.calibration import read_calibration, write_calibration
 from bayesgate.service.auth import key_digest, key_matches
-from bayesgate.service.loading import attack_aurocs
+from bayesgate.service.engine import mc_engine
 from bayesgate.service.logs import JsonFormatter
 from bayesgate.service.metrics import METRIC_NAMES
-from bayesgate.service.predictor import mc_engine
+from bayesgate.service.served_model import attack_aurocs
 from bayesgate.service.settings import Settings
 
 pytestmark = pytest.mark.anyio
@@ -181,7 +181,7 @@ async def test_admin_routes_are_disabled_without_a_key(
             )
             assert r.status_code == 403, (path, r.text)
             assert r.json()["code"] == "admin_disabled"
-        assert app.state.serving.override is None
+        assert app.state.worker.model.override is None
         # Health and metrics need no key.
         assert (await client.get("/healthz")).status_code == 200
         assert (await client.get("/metrics")).status_code == 200
@@ -313,7 +313,7 @@ async def test_reload_reads_the_store_and_keeps_serving_on_failure(
     shutil.copytree(tiny_model_dir, store)
     headers = {"Authorization": f"Bearer {KEY}"}
     async with serving(make_settings(model_dir=store, api_key=KEY)) as (app, client):
-        sha = app.state.serving.sha256
+        sha = app.state.worker.model.sha256
         await client.put("/admin/threshold", json={"threshold": 0.123}, headers=headers)
         # A new calibration.json in the store (same weights): the reload serves it.
         cal = read_calibration(store)
@@ -338,7 +338,7 @@ async def test_reload_reads_the_store_and_keeps_serving_on_failure(
             "model.safetensors" in broken.json()["error"]
             and "still serving" in broken.json()["error"]
         )
-        assert app.state.serving.sha256 == sha
+        assert app.state.worker.model.sha256 == sha
         after = await client.post("/v1/predict", json={"instances": [BLANK]})
         assert after.status_code == 200 and after.json()["model"]["weights_sha256"] == sha
         # Restored weights but a card with another input range: refused, queued requests were
@@ -350,7 +350,7 @@ async def test_reload_reads_the_store_and_keeps_serving_on_failure(
         (store / "card.json").write_text(json.dumps(card))
         changed = await client.post("/admin/reload", headers=headers)
         assert changed.status_code == 409 and "input spec changed" in changed.json()["error"]
-        assert app.state.serving.input_range == (0.0, 1.0)
+        assert app.state.worker.model.input_range == (0.0, 1.0)
 
 
 async def test_no_route_takes_a_model_file_or_path(
@@ -377,20 +377,20 @@ async def test_no_route_takes_a_model_file_or_path(
 
 
 def test_attack_summary_reads_the_calibrate_entries() -> None:
+    """``attack`` (the spec with its parameters) and ``auroc``, as ``bayesgate calibrate`` writes
+    them; an entry without a finite AUROC (no successful example) stays out of the summary."""
     entries = [
         {"attack": "fgs:eta=0.2", "method": "fgs", "params": {"eta": 0.2}, "auroc": 0.91},
-        {"attack": "fgs", "eta": 0.1, "steps": 10, "score": "mutual_information", "auroc": 0.8},
-        {"name": "pgd", "roc_auc": 0.7},
-        {"attack": "cw"},  # no AUROC: only in the full list
+        {"attack": "itfgs:eta=0.01,steps=10", "score": "mutual_information", "auroc": 0.8},
+        {"attack": "cw", "auroc": None},
+        {"name": "pgd", "roc_auc": 0.7},  # keys nothing writes: not read
         {"attack": "broken", "auroc": float("nan")},
         {"auroc": 0.6},
         "not a dict",
     ]
     assert attack_aurocs(entries) == {  # type: ignore[arg-type]
         "fgs:eta=0.2": 0.91,
-        "fgs eta=0.1 steps=10": 0.8,
-        "pgd": 0.7,
-        "attack-5": 0.6,
+        "itfgs:eta=0.01,steps=10": 0.8,
     }
 
 

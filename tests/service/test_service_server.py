@@ -24,7 +24,7 @@ from bayesgate.models.store.directory import load_model
 from bayesgate.service.app import create_app
 from bayesgate.service.cli import ENV_PREFIX as CLI_PREFIX
 from bayesgate.service.errors import StartupError
-from bayesgate.service.loading import load_serving_model
+from bayesgate.service.served_model import load_served_model
 from bayesgate.service.settings import ENV_PREFIX, Settings
 
 BUNDLED = Path(models.__file__).parent / "pretrained" / "bayesgate-default"
@@ -220,13 +220,13 @@ def test_bundled_default_model_loads_when_present() -> None:
     """The bundled model is optional in a checkout; when it is there it must load and match its
     calibration. Its quality is not tested here."""
     if BUNDLED.is_dir():
-        serving = load_serving_model(BUNDLED, "cpu")
+        serving = load_served_model(BUNDLED, "cpu")
         assert serving.calibration.model_sha256 == serving.card.weights_sha256
         x = torch.zeros(2, *serving.input_shape)
         assert mc_predict(serving.network, x, 3).probs.shape == (2, 3, len(serving.card.classes))
     else:
         with pytest.raises(StartupError, match="model directory not found"):
-            load_serving_model(BUNDLED, "cpu")
+            load_served_model(BUNDLED, "cpu")
 
 
 @pytest.mark.anyio
@@ -236,7 +236,7 @@ async def test_failing_warm_up_stops_start_up(
     def broken(*_: Any, **__: Any) -> Any:
         raise RuntimeError("kernel missing")
 
-    monkeypatch.setattr("bayesgate.service.predictor.mc_predict", broken)
+    monkeypatch.setattr("bayesgate.service.engine.mc_predict", broken)
     app = create_app(make_settings())
     with pytest.raises(StartupError, match="warm-up batch failed: inference failed: RuntimeError"):
         async with app.router.lifespan_context(app):

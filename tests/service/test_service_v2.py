@@ -353,7 +353,7 @@ async def test_an_unexpected_exception_is_a_json_500(
 
     monkeypatch.setattr("bayesgate.service.routes.v2.model_metadata", broken)
     monkeypatch.setattr(
-        "bayesgate.service.loading.ServingModel.summary", broken
+        "bayesgate.service.served_model.ServedModel.summary", broken
     )  # /v1/models/{name}
     app = create_app(make_settings())
     async with app.router.lifespan_context(app):

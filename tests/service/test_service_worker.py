@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from bayesgate.models.store.directory import load_model
+from bayesgate.service.engine import Engine, mc_engine
 from bayesgate.service.errors import NotReady
-from bayesgate.service.loading import load_serving_model
-from bayesgate.service.predictor import Engine, mc_engine
+from bayesgate.service.served_model import load_served_model
 from bayesgate.service.settings import Settings
 from bayesgate.service.worker import BatchWorker
 
@@ -82,7 +82,7 @@ async def test_batches_respect_max_batch_size_and_never_split_a_request(
 ) -> None:
     calls: list[int] = []
     worker = BatchWorker(
-        load_serving_model(tiny_model_dir, "cpu"), max_batch_size=5, max_queue_delay_s=0.05
+        load_served_model(tiny_model_dir, "cpu"), max_batch_size=5, max_queue_delay_s=0.05
     )
     worker.engine = slowed(encoding_engine(calls), 0.2)
     worker.start()
@@ -176,7 +176,7 @@ async def test_missed_deadline_is_504_and_expired_jobs_never_reach_the_engine(
 
 
 async def test_worker_refuses_work_when_not_running(tiny_model_dir: Any) -> None:
-    worker = BatchWorker(load_serving_model(tiny_model_dir, "cpu"))
+    worker = BatchWorker(load_served_model(tiny_model_dir, "cpu"))
     with pytest.raises(NotReady, match="not running"):
         await worker.predict(torch.zeros(1, 1, 28, 28), 2)
     worker.start()
@@ -188,7 +188,7 @@ async def test_worker_refuses_work_when_not_running(tiny_model_dir: Any) -> None
 
 async def test_worker_answers_match_the_engine_on_the_loaded_network(tiny_model_dir: Any) -> None:
     """Seeded worker output equals ``mc_predict`` on an independently loaded copy."""
-    worker = BatchWorker(load_serving_model(tiny_model_dir, "cpu"))
+    worker = BatchWorker(load_served_model(tiny_model_dir, "cpu"))
     worker.start()
     x = torch.rand(3, 1, 28, 28, generator=torch.Generator().manual_seed(0))
     try:
@@ -197,4 +197,4 @@ async def test_worker_answers_match_the_engine_on_the_loaded_network(tiny_model_
         worker.stop()
     net = load_model(tiny_model_dir).network
     expected = mc_engine(net, x, 6, torch.Generator().manual_seed(5))
-    assert torch.equal(torch.tensor([r["samples"] for r in rows]), expected)
+    assert torch.equal(torch.tensor([r.samples for r in rows]), expected)

@@ -1,8 +1,10 @@
 """The served model: network + card from the store, its calibration, and what clients see of it.
 
-Start-up goes through :func:`load_serving_model`; every problem (missing or tampered weights,
-broken card, missing or mismatched ``calibration.json``) becomes one :class:`StartupError` whose
-message names the file and the problem.
+:class:`ServedModel` is the one type the service serves; the inference worker owns the current one
+(:attr:`bayesgate.service.worker.BatchWorker.model`), and an admin change replaces it there.
+Start-up and reloads go through :func:`load_served_model`; every problem (missing or tampered
+weights, broken card, missing or mismatched ``calibration.json``) becomes one
+:class:`StartupError` whose message names the file and the problem.
 """
 
 from __future__ import annotations
@@ -20,22 +22,35 @@ from bayesgate.models.store.calibration import Calibration, read_calibration
 from bayesgate.models.store.directory import ModelCard, ModelStoreError, load_model
 from bayesgate.service.errors import StartupError
 
-# Keys an attack entry of calibration.json may use for its name and its AUROC.
-_ATTACK_NAME_KEYS = ("attack", "name", "id")
-_AUROC_KEYS = ("auroc", "roc_auc", "AUROC")
+
+@dataclass(frozen=True)
+class DecisionOverride:
+    """The admin's ``score > threshold`` decision in place of ``calibration.json``'s."""
+
+    score: str
+    threshold: float
+    set_at: str  # ISO 8601, UTC
 
 
-@dataclass
-class ServingModel:
-    """What the worker runs and the routes describe."""
+@dataclass(frozen=True, slots=True)
+class ModelRef:
+    """Which weights and calibration answered: what a response names as its model."""
+
+    name: str
+    weights_sha256: str
+    calibration_mc_samples: int  # K the threshold was calibrated with
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """What the worker runs and the routes describe (replaced whole, never changed in place)."""
 
     network: nn.Module
     card: ModelCard
     calibration: Calibration
     device: torch.device
     directory: Path
-    # The admin's score/threshold replacing calibration.json's: {"score", "threshold", "set_at"}.
-    override: dict[str, Any] | None = None
+    override: DecisionOverride | None = None
 
     @property
     def name(self) -> str:
@@ -44,6 +59,10 @@ class ServingModel:
     @property
     def sha256(self) -> str:
         return self.card.weights_sha256
+
+    @property
+    def ref(self) -> ModelRef:
+        return ModelRef(self.card.name, self.card.weights_sha256, self.calibration.k)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -73,36 +92,28 @@ class ServingModel:
                 "auroc": attack_aurocs(cal.attacks),
                 "attacks": cal.attacks,
                 "created": cal.created,
-                "override": self.override,
+                "override": None if self.override is None else asdict(self.override),
             },
         }
 
 
 def attack_aurocs(attacks: list[dict[str, Any]]) -> dict[str, float]:
-    """``{attack name: AUROC}`` from the ``attacks`` entries of ``calibration.json``.
-
-    Entries without a name are numbered (``attack-<i>``); top-level ``eps``/``epsilon``/``eta``/
-    ``steps`` not already spelled in the name are appended; entries without an AUROC are skipped
-    (they stay visible in the full ``attacks`` list).
+    """``{attack: AUROC}`` from the ``attacks`` entries of ``calibration.json``, as
+    ``bayesgate calibrate`` writes them: ``attack`` is the spec with its parameters
+    (``fgs:eta=0.2``), ``auroc`` the active score's AUROC. Entries without both (an attack with no
+    successful example has ``auroc: null``) are skipped; they stay visible in the full list.
     """
     out: dict[str, float] = {}
-    for i, entry in enumerate(attacks):
+    for entry in attacks:
         if not isinstance(entry, dict):
             continue
-        auroc = next((entry[k] for k in _AUROC_KEYS if k in entry), None)
-        if not isinstance(auroc, int | float) or not math.isfinite(auroc):
-            continue
-        name = next((str(entry[k]) for k in _ATTACK_NAME_KEYS if k in entry), f"attack-{i}")
-        extras = [
-            f"{k}={entry[k]}"
-            for k in ("eps", "epsilon", "eta", "steps")
-            if k in entry and f"{k}=" not in name
-        ]
-        out[" ".join([name, *extras])] = float(auroc)
+        name, auroc = entry.get("attack"), entry.get("auroc")
+        if isinstance(name, str) and isinstance(auroc, int | float) and math.isfinite(auroc):
+            out[name] = float(auroc)
     return out
 
 
-def load_serving_model(directory: Path | str, device: str = "auto") -> ServingModel:
+def load_served_model(directory: Path | str, device: str = "auto") -> ServedModel:
     """Load weights (sha256-verified) and ``calibration.json`` (tied to those weights)."""
     directory = Path(directory)
     if not directory.is_dir():
@@ -119,7 +130,7 @@ def load_serving_model(directory: Path | str, device: str = "auto") -> ServingMo
     shape = loaded.card.input.get("shape")
     if not (isinstance(shape, list) and shape and all(isinstance(d, int) and d > 0 for d in shape)):
         raise StartupError(f"{directory / 'card.json'}: input.shape must be a list of sizes")
-    return ServingModel(
+    return ServedModel(
         network=loaded.network,
         card=loaded.card,
         calibration=calibration,
