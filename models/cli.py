@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from bayesgate.models import adversarial_cli
 from bayesgate.models.device import DEVICE_CHOICES, pick_device
 from bayesgate.models.networks.bbb.layers import SAMPLING_MODES
 from bayesgate.models.networks.dropout import build_network, preset_architecture, preset_names
@@ -115,6 +116,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--threads", type=int, default=None, help="CPU threads for torch (torch.set_num_threads)"
     )
     p.add_argument("--no-progress", action="store_true")
+    adversarial_cli.add_arguments(p)
     p.set_defaults(func=cmd_train)
 
     e = sub.add_parser(
@@ -151,11 +153,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     suffix = "elbo" if args.loss == "elbo" else f"alpha{config.alpha:g}"
     name = args.name or (f"{args.preset}" if not arch["stochastic"] else f"{args.preset}-{suffix}")
     out = args.out or Path("runs") / name
+    adversarial = adversarial_cli.adversarial_config(args, config.alpha)
     checkpointing = Checkpointing(
         directory=args.checkpoint_dir or checkpoint_root() / name,
         resume=args.resume,
         settings={"preset": args.preset, "architecture": arch, "val_size": args.val_size,
-                  "limit": args.limit},
+                  "limit": args.limit,
+                  "adversarial": adversarial.as_dict() if adversarial else None},
     )  # fmt: skip
     train_data = load_mnist("train", val_size=args.val_size, limit=args.limit)
     val_data = load_mnist("val", val_size=args.val_size) if args.val_size else None
@@ -163,6 +167,23 @@ def cmd_train(args: argparse.Namespace) -> int:
     model = build_network(arch)
     print(f"training {name} on {train_data[0].shape[0]} images, device {device}, checkpoint "
           f"{checkpointing.directory}", file=sys.stderr)  # fmt: skip
+    transform = None
+    if adversarial is not None:
+        transform = adversarial_cli.batch_transform(
+            adversarial, len(train_data[0]), config.batch_size, checkpointing.directory, args.resume
+        )
+    monitor = None
+    if adversarial is not None and val_data is not None and adversarial.monitor_size:
+        monitor = (val_data[0][: adversarial.monitor_size], val_data[1][: adversarial.monitor_size])
+    on_epoch = adversarial_cli.EpochLog(
+        model,
+        adversarial,
+        monitor,
+        k=config.k_val,
+        device=device,
+        path=args.epoch_log,
+        printer=lambda line: print(line, file=sys.stderr),
+    )
     result = train(
         model,
         train_data,
@@ -170,10 +191,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         config,
         device=device,
         progress=not args.no_progress,
-        on_epoch=lambda row: print(
-            json.dumps({k: round(v, 5) for k, v in row.items()}), file=sys.stderr
-        ),
+        on_epoch=on_epoch,
         checkpointing=checkpointing,
+        batch_transform=transform,
     )
     card = _model_card(name, arch, config, args, result, int(train_data[0].shape[0]), device)
     save_model(model, card, out)
@@ -246,6 +266,10 @@ def _model_card(
         },
         metrics={"val": result.val_metrics},
     )
+    if args.adversarial is not None:
+        card.training["adversarial"] = adversarial_cli.adversarial_config(
+            args, config.alpha
+        ).as_dict()
     if "sampling" in arch:  # the service adds Kwon et al.'s aleatoric/epistemic split for BBB
         card.inference["variance_decomposition"] = "kwon"
     return card

@@ -21,9 +21,10 @@ the K-pass BB-α energy instead.
 
 ε grows linearly over the first ``eps_ramp_epochs`` epochs, per minibatch:
 ``ε_t = ε·min(1, t/(E·S))`` for minibatch ``t = 1, 2, …`` of the run and ``S`` minibatches per
-epoch (the step size scales with it). With ``clean_mix = f`` the first ``round(f·B)`` examples of
-every (shuffled) minibatch stay clean, so the energy is ``(1 − f)·L_adv + f·L_clean`` in
-expectation and the attack costs ``(1 − f)`` as much.
+epoch (the step size scales with it), so the first minibatch already sees a small ε > 0. With
+``clean_mix = f`` the first ``round(f·B)`` examples of every (shuffled) minibatch stay clean, so
+the energy is ``(1 − f)·L_adv + f·L_clean`` in expectation and the attack costs ``(1 − f)`` as
+much.
 """
 
 from __future__ import annotations
@@ -131,27 +132,32 @@ def energy_attack(
 
 
 class AdversarialBatch:
-    """Batch transform ``(model, x, y, step) → (x', y)`` of adversarial training.
+    """Batch transform ``(model, x, y) → (x', y)`` of adversarial training (the trainer's
+    ``batch_transform`` hook).
 
-    ``step`` is the 1-based index of the minibatch over the whole run (it sets the ramped ε).
-    Examples after the first ``round(clean_mix·B)`` are replaced by :func:`energy_attack`'s.
+    It counts the minibatches it has transformed to ramp ε; a resumed run sets ``done`` to the
+    minibatches of the epochs already trained (``epochs_done·S``). Examples after the first
+    ``round(clean_mix·B)`` are replaced by :func:`energy_attack`'s.
     """
 
-    def __init__(self, config: AdversarialConfig, steps_per_epoch: int) -> None:
+    def __init__(self, config: AdversarialConfig, steps_per_epoch: int, done: int = 0) -> None:
         if steps_per_epoch < 1:
             raise ValueError(f"steps per epoch must be ≥ 1, got {steps_per_epoch}")
         self.config = config
         self.steps_per_epoch = steps_per_epoch
+        self.done = done
 
     def eps_at(self, step: int) -> float:
+        """ε of minibatch ``step`` (1-based over the run)."""
         c = self.config
         return ramped_eps(c.eps, c.eps_ramp_epochs, step, self.steps_per_epoch)
 
     def __call__(
-        self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, step: int
+        self, model: nn.Module, x: torch.Tensor, y: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.config
-        eps = self.eps_at(step)
+        self.done += 1
+        eps = self.eps_at(self.done)
         clean = round(c.clean_mix * x.shape[0])
         adv = energy_attack(
             model, x[clean:], y[clean:], eps, c.n_steps, c.step_at(eps), k=c.attack_k, alpha=c.alpha
