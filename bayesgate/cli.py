@@ -17,6 +17,7 @@ from collections.abc import Sequence
 COMMAND_MODULES = (
     "bayesgate.models.cli",
     "bayesgate.attacks.cli",
+    "bayesgate.attacks.robust_cli",
     "bayesgate.service.cli",
     "bayesgate.models.uci.cli",
 )

@@ -1,0 +1,92 @@
+"""``evaluate-robust``: writes the table, JSON and plot for a tiny model and a few digits; the
+worst-of accuracy is the per-digit conjunction; a second run reads every batch from the cache;
+a training checkpoint is evaluated like a model directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bayesgate.attacks import robust_eval
+from bayesgate.attacks.robust_eval import RobustSettings, _eps_row
+from bayesgate.cli import main
+
+FAST = ["--n", "12", "--eps", "0.05,0.2", "--pgd-steps", "4", "--restarts", "2",
+        "--apgd-steps", "5", "--k-attack", "2", "--k-eval", "5", "--batch-size", "8",
+        "--no-progress", "--threads", "1"]  # fmt: skip
+
+
+def test_worst_of_is_the_per_digit_conjunction() -> None:
+    clean = np.array([True, True, True, True, False])
+    fooled = {
+        "pgd": np.array([True, False, False, False, False]),
+        "apgd-ce": np.array([False, True, False, False, False]),
+        "apgd-dlr": np.array([False, False, False, False, False]),
+    }
+    row = _eps_row(0.3, clean, fooled, RobustSettings())
+    assert row["robust_accuracy"] == {"PGD-100 × 5": 0.6, "APGD-CE-100": 0.6, "APGD-DLR-100": 0.8}
+    assert row["robust_accuracy_worst_of"] == pytest.approx(0.4)  # digits 2 and 3 only
+
+
+def test_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="unknown attacks"):
+        RobustSettings(attacks=("fgsm",))
+    with pytest.raises(ValueError, match="eps"):
+        RobustSettings(eps=(0.0,))
+
+
+def test_evaluate_robust_writes_the_table_and_resumes_from_its_cache(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "robust"
+    assert main(["evaluate-robust", str(tiny_model_dir), "--out", str(out), *FAST]) == 0
+    result = json.loads((out / "robust.json").read_text())
+    (model,) = result["models"]
+    assert model["images"] == 12 and [r["eps"] for r in model["eps"]] == [0.05, 0.2]
+    for row in model["eps"]:
+        assert set(row["robust_accuracy"]) == {"PGD-4 × 2", "APGD-CE-5", "APGD-DLR-5"}
+        worst = row["robust_accuracy_worst_of"]
+        assert worst <= min(row["robust_accuracy"].values()) <= model["clean_accuracy"]
+    small, large = model["eps"]
+    assert large["robust_accuracy_worst_of"] < model["clean_accuracy"]  # the attacks bite
+    assert large["robust_accuracy_worst_of"] <= small["robust_accuracy_worst_of"]
+    table = (out / "robust.md").read_text()
+    assert table.startswith("| model | ε | n | clean acc | PGD-4 × 2 | APGD-CE-5 | APGD-DLR-5 |")
+    assert f"| {model['name']} | 0.2 | 12 |" in table
+    assert (out / "robust.png").stat().st_size > 1000
+
+    def no_attacks(settings: RobustSettings) -> dict:
+        raise AssertionError("an attack ran although every batch is cached")
+
+    monkeypatch.setattr(robust_eval, "attack_fns", lambda s: {n: no_attacks for n in s.attacks})
+    again = tmp_path / "again"
+    (again / "cache").parent.mkdir(parents=True)
+    (again / "cache").symlink_to(out / "cache")
+    assert main(["evaluate-robust", str(tiny_model_dir), "--out", str(again), *FAST]) == 0
+    assert json.loads((again / "robust.json").read_text())["models"] == result["models"]
+
+
+def test_a_training_checkpoint_is_evaluated_too(
+    mnist_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BAYESGATE_DATA_DIR", str(mnist_root))
+    ckpt = tmp_path / "ckpt"
+    assert main(["train", "--preset", "mlp-2x32", "--limit", "500", "--val-size", "0",
+                 "--epochs", "1", "--lr", "1e-2", "--k-train", "2", "--checkpoint-dir", str(ckpt),
+                 "--out", str(tmp_path / "model"), "--no-progress"]) == 0  # fmt: skip
+    out = tmp_path / "robust"
+    assert main(["evaluate-robust", str(ckpt), "--out", str(out), *FAST]) == 0
+    (model,) = json.loads((out / "robust.json").read_text())["models"]
+    assert model["name"] == "ckpt (checkpoint, epoch 1)"
+    assert model["clean_accuracy"] > 0.3  # the trained weights, not a fresh net (≈ 0.1)
+
+
+def test_a_bad_eps_is_a_one_line_error(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["evaluate-robust", str(tiny_model_dir), "--out", str(tmp_path),
+                 "--eps", "0.1,big"]) == 2  # fmt: skip
+    assert "--eps must be comma-separated numbers" in capsys.readouterr().err
