@@ -65,7 +65,35 @@ class DropoutMLP(nn.Module):
         return self.head(self.trunk(x))
 
 
-class DropoutCNN(nn.Module):
+def dropout_head(features: int, hidden: int, classes: int, p: float) -> nn.Sequential:
+    """``dropout → dense hidden → relu → dropout → dense classes``: the CNNs' stochastic head."""
+    return nn.Sequential(
+        MCDropout(p),
+        nn.Linear(features, hidden),
+        nn.ReLU(inplace=True),
+        MCDropout(p),
+        nn.Linear(hidden, classes),
+    )
+
+
+class _ConvDropoutNet(nn.Module):
+    """A conv trunk (``channels`` output channels, flattened) and a :func:`dropout_head`:
+    ``forward``, and the detector features both CNNs expose."""
+
+    feature_layers = ("trunk", "penultimate")
+    channels: int
+    penultimate_at = 3  # head[:3] = dropout → dense → relu
+
+    def trunk_features(self, h: torch.Tensor) -> torch.Tensor:
+        """Per-channel spatial mean of the flattened trunk output ``h`` (``B×(channels·H·W)``),
+        ``B×channels``."""
+        return h.view(h.shape[0], self.channels, -1).mean(dim=-1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.trunk(x))
+
+
+class DropoutCNN(_ConvDropoutNet):
     """The paper's Keras CNN: a deterministic conv stack and a dropout MLP head.
 
     trunk: ``conv 32@3×3 (valid) → relu → conv 32@3×3 → relu → maxpool 2×2 → flatten``;
@@ -74,8 +102,6 @@ class DropoutCNN(nn.Module):
     wide, the global average pooling of Lee et al. 2018), ``penultimate`` = the dense ReLU output
     (``hidden`` wide).
     """
-
-    feature_layers = ("trunk", "penultimate")
 
     def __init__(
         self,
@@ -99,32 +125,18 @@ class DropoutCNN(nn.Module):
             nn.Flatten(),
         )
         features = channels * ((h - 4) // 2) * ((w - 4) // 2)
-        self.head = nn.Sequential(
-            MCDropout(p),
-            nn.Linear(features, hidden),
-            nn.ReLU(inplace=True),
-            MCDropout(p),
-            nn.Linear(hidden, classes),
-        )
+        self.head = dropout_head(features, hidden, classes, p)
         self.channels = channels
-        self.penultimate_at = 3  # head[:3] = dropout → dense → relu
-
-    def trunk_features(self, h: torch.Tensor) -> torch.Tensor:
-        """Per-channel spatial mean of the flattened trunk output ``h`` (``B×(channels·H·W)``),
-        ``B×channels``."""
-        return h.view(h.shape[0], self.channels, -1).mean(dim=-1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.trunk(x))
 
 
-class WideDropoutCNN(nn.Module):
+class WideDropoutCNN(_ConvDropoutNet):
     """Madry et al.'s (2018) MNIST CNN with a dropout head, for adversarial training.
 
     trunk: ``conv c₁@5×5 (same) → relu → maxpool 2×2 → conv c₂@5×5 (same) → relu → maxpool 2×2
     → flatten`` (``c₂·7·7`` features for MNIST); head: ``dropout → dense hidden → relu → dropout
     → dense classes``. Madry et al. use ``hidden = 1024`` and no dropout; the ``cnn-wide`` preset
-    takes 256 so that the weights stay at 3.4 MB (857,738 parameters).
+    takes 256 so that the weights stay at 3.4 MB (857,738 parameters). Detector features as for
+    :class:`DropoutCNN` (``c₂`` channel means, ``hidden`` penultimate units).
     """
 
     def __init__(
@@ -151,16 +163,8 @@ class WideDropoutCNN(nn.Module):
             nn.Flatten(),
         )
         features = c2 * (h // 4) * (w // 4)
-        self.head = nn.Sequential(
-            MCDropout(p),
-            nn.Linear(features, hidden),
-            nn.ReLU(inplace=True),
-            MCDropout(p),
-            nn.Linear(hidden, classes),
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.trunk(x))
+        self.head = dropout_head(features, hidden, classes, p)
+        self.channels = c2
 
 
 NETWORK_TYPES: dict[str, type[nn.Module]] = {

@@ -29,6 +29,7 @@ much.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -120,13 +121,29 @@ def energy_attack(
     """
     if eps == 0:
         return x.detach().clone()
+    start = torch.empty_like(x).uniform_(-1.0, 1.0)
+
+    def energy(x_adv: torch.Tensor) -> torch.Tensor:
+        return bbalpha_softmax_loss(mc_logits(model, x_adv, k), y, alpha) * x.shape[0]
+
+    return signed_pgd(energy, x, start, eps, steps, step_size)
+
+
+def signed_pgd(
+    objective: Callable[[torch.Tensor], torch.Tensor],
+    x: torch.Tensor,
+    start: torch.Tensor,
+    eps: float,
+    steps: int,
+    step_size: float,
+) -> torch.Tensor:
+    """``x_0 = Π(x + ε·start)`` (``start`` in [−1, 1]), then ``steps`` times
+    ``x_{t+1} = Π(x_t + a·sgn ∇ objective(x_t))`` with :func:`project_linf`; detached."""
     x = x.detach()
-    delta = torch.empty_like(x).uniform_(-eps, eps)
-    x_adv = (x + delta).clamp_(0.0, 1.0)
+    x_adv = project_linf(x + eps * start, x, eps)
     for _ in range(steps):
         x_adv.requires_grad_(True)
-        energy = bbalpha_softmax_loss(mc_logits(model, x_adv, k), y, alpha) * x.shape[0]
-        (grad,) = torch.autograd.grad(energy, x_adv)
+        (grad,) = torch.autograd.grad(objective(x_adv), x_adv)
         x_adv = linf_ascent_step(x_adv, x, grad, step_size, eps)
     return x_adv.detach()
 
@@ -216,16 +233,13 @@ def _predictive_pgd(
     k: int,
     generator: torch.Generator,
 ) -> torch.Tensor:
-    """PGD on ``−log p̄(y|x)`` (random start drawn from ``generator``)."""
+    """PGD on ``−Σ_n log p̄(y_n|x_n)`` (random start and masks drawn from ``generator``)."""
     start = torch.rand(x.shape, generator=generator, device=x.device) * 2 - 1
-    x_adv = (x + eps * start).clamp(0.0, 1.0)
-    for _ in range(steps):
-        x_adv.requires_grad_(True)
-        log_p = mc_log_predictive(model, x_adv, k, generator=generator)
-        nll = -log_p.gather(1, y[:, None]).sum()
-        (grad,) = torch.autograd.grad(nll, x_adv)
-        x_adv = linf_ascent_step(x_adv, x, grad, step_size, eps)
-    return x_adv.detach()
+
+    def nll(x_adv: torch.Tensor) -> torch.Tensor:
+        return -mc_log_predictive(model, x_adv, k, generator=generator).gather(1, y[:, None]).sum()
+
+    return signed_pgd(nll, x, start, eps, steps, step_size)
 
 
 def project_linf(x_adv: torch.Tensor, x: torch.Tensor, eps: float | torch.Tensor) -> torch.Tensor:
