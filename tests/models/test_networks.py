@@ -18,7 +18,7 @@ from bayesgate.models.networks.dropout import (
     preset_names,
 )
 
-BASES = ["mlp-3x1000", "mlp-4x1024", "mlp-2x100", "mlp-2x32", "cnn"]
+BASES = ["mlp-3x1000", "mlp-4x1024", "mlp-2x100", "mlp-2x32", "cnn", "cnn-wide"]
 
 
 def _mlp_params(widths: list[int]) -> int:
@@ -34,7 +34,16 @@ EXPECTED_PARAMS = {
     "mlp-2x32": 784 * 32 + 32 + 32 * 32 + 32 + 32 * 10 + 10,
     # conv 1→32 3×3, conv 32→32 3×3, dense 32·12·12 → 100, dense 100 → 10
     "cnn": (1 * 32 * 9 + 32) + (32 * 32 * 9 + 32) + (32 * 12 * 12 * 100 + 100) + (100 * 10 + 10),
+    # conv 1→32 5×5, pool, conv 32→64 5×5, pool, dense 64·7·7 → 256, dense 256 → 10
+    "cnn-wide": (1 * 32 * 25 + 32)
+    + (32 * 64 * 25 + 64)
+    + (64 * 7 * 7 * 256 + 256)
+    + (256 * 10 + 10),
 }
+
+
+def test_cnn_wide_parameter_count_as_documented() -> None:
+    assert EXPECTED_PARAMS["cnn-wide"] == 857_738
 
 
 def _count(model: nn.Module) -> int:
