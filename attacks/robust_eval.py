@@ -5,9 +5,9 @@ For each radius ε and each of the first ``n`` test digits that the model classi
 query, K = ``k_attack`` passes):
 
 - ``pgd`` — PGD-``pgd_steps`` × ``restarts`` random restarts, step ε/30
-  (:mod:`bayesgate.attacks.pgd_restarts`);
+  (:class:`~bayesgate.attacks.methods.PGDRestarts`);
 - ``apgd-ce`` and ``apgd-dlr`` — APGD with the cross-entropy and the DLR loss
-  (:mod:`bayesgate.attacks.apgd`), ``apgd_steps`` queries each.
+  (:class:`~bayesgate.attacks.methods.APGD`), ``apgd_steps`` queries each.
 
 Every adversarial image is judged on an **independent** MC draw (``k_eval`` passes, masks from a
 generator seeded apart from the attacks'): the digit is *fooled* by an attack when
@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -34,8 +33,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from bayesgate.attacks.apgd import apgd
-from bayesgate.attacks.pgd_restarts import pgd_restarts
+from bayesgate.attacks.methods import APGD, Attack, PGDRestarts
+from bayesgate.attacks.model_fn import frozen_parameters, log_predictive_fn
 from bayesgate.models.mc.engine import mc_predict
 
 ROBUST_ATTACKS = ("pgd", "apgd-ce", "apgd-dlr")
@@ -73,22 +72,13 @@ class RobustSettings:
                 raise ValueError(message)
 
 
-AttackFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, float, torch.Generator], torch.Tensor]
-
-
-def attack_fns(settings: RobustSettings) -> dict[str, AttackFn]:
-    """Name → ``(model, x, y, ε, generator) ↦ x_adv`` for the attacks of the table."""
+def attacks_at(eps: float, settings: RobustSettings) -> dict[str, Attack]:
+    """Name → registered attack (:mod:`bayesgate.attacks.methods`) of the table at radius ε."""
     s = settings
     return {
-        "pgd": lambda m, x, y, e, g: pgd_restarts(
-            m, x, y, e, steps=s.pgd_steps, restarts=s.restarts, k=s.k_attack, generator=g
-        ),
-        "apgd-ce": lambda m, x, y, e, g: apgd(
-            m, x, y, e, loss="ce", n_iter=s.apgd_steps, k=s.k_attack, generator=g
-        ),
-        "apgd-dlr": lambda m, x, y, e, g: apgd(
-            m, x, y, e, loss="dlr", n_iter=s.apgd_steps, k=s.k_attack, generator=g
-        ),
+        "pgd": PGDRestarts(eps=eps, eps_iter=eps / 30, steps=s.pgd_steps, restarts=s.restarts),
+        "apgd-ce": APGD(eps=eps, steps=s.apgd_steps, loss="ce"),
+        "apgd-dlr": APGD(eps=eps, steps=s.apgd_steps, loss="dlr"),
     }
 
 
@@ -136,7 +126,6 @@ def evaluate_robust(
     """Clean accuracy and, per ε, each attack's and the worst-of robust accuracy (JSON-ready)."""
     model.eval()
     clean = _clean_correct(model, x, y, settings, cache)
-    fns = attack_fns(settings)
     batches = range(0, x.shape[0], settings.batch_size)
     total = len(settings.eps) * len(settings.attacks) * len(batches)
     bar = tqdm(total=total, desc="attacks", disable=not progress)
@@ -147,8 +136,7 @@ def evaluate_robust(
             parts = []
             for start in batches:
                 bar.set_postfix(eps=eps, attack=name)
-                parts.append(_fooled_batch(model, x, y, clean, eps, name, fns[name], start,
-                                           settings, cache))  # fmt: skip
+                parts.append(_fooled_batch(model, x, y, clean, eps, name, start, settings, cache))
                 bar.update()
             fooled[name] = np.concatenate(parts)
         per_eps.append(_eps_row(eps, clean, fooled, settings))
@@ -192,7 +180,6 @@ def _fooled_batch(
     clean: np.ndarray,
     eps: float,
     name: str,
-    fn: AttackFn,
     start: int,
     settings: RobustSettings,
     cache: BatchCache,
@@ -209,7 +196,10 @@ def _fooled_batch(
         seed = _batch_seed(settings.seed, name, eps, start)
         generator = torch.Generator(device=x.device).manual_seed(seed)
         idx = torch.as_tensor(start + todo)
-        x_adv = fn(model, x[idx], y[idx], eps, generator)
+        attack = attacks_at(eps, settings)[name]
+        model_fn = log_predictive_fn(model, settings.k_attack, generator=generator)
+        with frozen_parameters(model):
+            x_adv = attack(model_fn, x[idx], y[idx], generator=generator)
         _check_feasible(x_adv, x[idx], eps)
         correct = _verdict(model, x_adv, y[idx], settings, batch_seed=seed)
         fooled[todo] = ~correct

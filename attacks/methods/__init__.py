@@ -11,6 +11,8 @@ in the :func:`attack_registry` call below.
 | ``targeted`` | :class:`TargetedFGS` | the paper's targeted iterative FGS |
 | ``pgd`` | :class:`PGD` | untargeted L∞ PGD with a random start |
 | ``cw`` | :class:`CWL2` | untargeted Carlini–Wagner L2 |
+| ``apgd`` | :class:`APGD` | Auto-PGD with the CE or DLR loss (Croce & Hein 2020) |
+| ``pgd-restarts`` | :class:`PGDRestarts` | L∞ PGD with random restarts, largest-loss iterate kept |
 
 cleverhans is imported when an attack runs, so parsing specs and building the CLI work without the
 ``[attacks]`` extra.
@@ -18,13 +20,26 @@ cleverhans is imported when an attack runs, so parsing specs and building the CL
 
 from __future__ import annotations
 
+from bayesgate.attacks.methods.apgd import APGD
 from bayesgate.attacks.methods.base import Attack, AttackInput, StepCallback, attack_registry
 from bayesgate.attacks.methods.cw import CWL2
 from bayesgate.attacks.methods.fgs import FGS
 from bayesgate.attacks.methods.pgd import PGD
+from bayesgate.attacks.methods.pgd_restarts import PGDRestarts
 from bayesgate.attacks.methods.targeted import TargetedFGS
 
-ATTACKS: dict[str, type[Attack]] = attack_registry(FGS, TargetedFGS, PGD, CWL2)
+ATTACKS: dict[str, type[Attack]] = attack_registry(FGS, TargetedFGS, PGD, CWL2, APGD, PGDRestarts)
 """Spec name → attack class, in the order help texts list them."""
 
-__all__ = ["ATTACKS", "CWL2", "FGS", "PGD", "Attack", "AttackInput", "StepCallback", "TargetedFGS"]
+__all__ = [
+    "APGD",
+    "ATTACKS",
+    "CWL2",
+    "FGS",
+    "PGD",
+    "Attack",
+    "AttackInput",
+    "PGDRestarts",
+    "StepCallback",
+    "TargetedFGS",
+]

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from bayesgate.attacks.apgd import apgd, apgd_checkpoints
 from bayesgate.attacks.losses import cross_entropy_loss, dlr_loss
-from bayesgate.attacks.pgd_restarts import pgd_restarts
+from bayesgate.attacks.methods import APGD, PGDRestarts
+from bayesgate.attacks.methods.apgd import apgd_checkpoints
+from bayesgate.attacks.model_fn import log_predictive_fn
 from bayesgate.models.data.mnist import load_mnist
 from bayesgate.models.mc.engine import mc_predict
 from bayesgate.models.store.directory import load_model
@@ -65,9 +66,10 @@ def test_attacks_stay_in_the_ball_and_the_box(
     gen = torch.Generator().manual_seed(0)
     eps = 0.1
     if attack == "pgd":
-        adv = pgd_restarts(net, x, y, eps, steps=10, restarts=2, k=5, generator=gen)
+        attack = PGDRestarts(eps=eps, eps_iter=eps / 4, steps=10, restarts=2)
     else:
-        adv = apgd(net, x, y, eps, loss=attack[5:], n_iter=20, k=5, generator=gen)
+        attack = APGD(eps=eps, steps=20, loss=attack[5:])
+    adv = attack(log_predictive_fn(net, 5, generator=gen), x, y, generator=gen)
     assert adv.shape == x.shape
     assert float((adv - x).abs().max()) <= eps + 1e-6
     assert float(adv.min()) >= 0.0 and float(adv.max()) <= 1.0
@@ -84,20 +86,13 @@ def test_apgd_at_least_as_strong_as_pgd_of_the_same_budget(
     eps, budget = 0.06, 20
     pgd_rate = apgd_rate = 0.0
     for seed in (0, 1):
-        pgd_adv = pgd_restarts(
-            net,
-            x,
-            y,
-            eps,
-            steps=budget,
-            restarts=1,
-            step_size=2.5 * eps / budget,
-            k=5,
-            generator=torch.Generator().manual_seed(seed),
-        )
-        apgd_adv = apgd(
-            net, x, y, eps, n_iter=budget, k=5, generator=torch.Generator().manual_seed(seed)
-        )
+        gen = torch.Generator().manual_seed(seed)
+        fn = log_predictive_fn(net, 5, generator=gen)
+        pgd = PGDRestarts(eps=eps, eps_iter=2.5 * eps / budget, steps=budget, restarts=1)
+        pgd_adv = pgd(fn, x, y, generator=gen)
+        gen = torch.Generator().manual_seed(seed)
+        fn = log_predictive_fn(net, 5, generator=gen)
+        apgd_adv = APGD(eps=eps, steps=budget)(fn, x, y, generator=gen)
         pgd_rate += _success_rate(net, pgd_adv, y) / 2
         apgd_rate += _success_rate(net, apgd_adv, y) / 2
     clean_rate = _success_rate(net, x, y)
@@ -107,7 +102,6 @@ def test_apgd_at_least_as_strong_as_pgd_of_the_same_budget(
     assert apgd_rate >= pgd_rate, (apgd_rate, pgd_rate)
 
 
-def test_apgd_rejects_an_unknown_loss(tiny_model_dir: Path) -> None:
-    net = load_model(tiny_model_dir).network
-    with pytest.raises(ValueError, match="loss"):
-        apgd(net, torch.zeros(1, 1, 28, 28), torch.tensor([0]), 0.1, loss="hinge")
+def test_apgd_rejects_an_unknown_loss() -> None:
+    with pytest.raises(ValueError, match="apgd loss must be one of ce, dlr"):
+        APGD(loss="hinge")

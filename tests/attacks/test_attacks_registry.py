@@ -30,12 +30,21 @@ EXAMPLES = {
     "targeted": "targeted:eta=0.02,steps=4,target=3",
     "pgd": "pgd:eps=0.1,eps_iter=0.03,steps=3",
     "cw": "cw:iterations=6,binary_steps=2,lr=0.05,const=5,confidence=0.5",
+    "apgd": "apgd:eps=0.1,steps=5,loss=dlr",
+    "pgd-restarts": "pgd-restarts:eps=0.1,eps_iter=0.02,steps=4,restarts=2",
 }
 
 
 def test_every_registered_attack_has_an_example() -> None:
     assert set(EXAMPLES) == set(ATTACKS)
-    assert list(ATTACKS) == ["fgs", "targeted", "pgd", "cw"]  # the order help texts list them
+    assert list(ATTACKS) == [
+        "fgs",
+        "targeted",
+        "pgd",
+        "cw",
+        "apgd",
+        "pgd-restarts",
+    ]  # the order help texts list them
 
 
 @pytest.mark.parametrize("name", list(ATTACKS))

@@ -58,10 +58,10 @@ def test_evaluate_robust_writes_the_table_and_resumes_from_its_cache(
     assert f"| {model['name']} | 0.2 | 12 |" in table
     assert (out / "robust.png").stat().st_size > 1000
 
-    def no_attacks(settings: RobustSettings) -> dict:
-        raise AssertionError("an attack ran although every batch is cached")
+    def no_attacks(eps: float, settings: RobustSettings) -> dict:
+        raise AssertionError("an attack was built although every batch is cached")
 
-    monkeypatch.setattr(robust_eval, "attack_fns", lambda s: {n: no_attacks for n in s.attacks})
+    monkeypatch.setattr(robust_eval, "attacks_at", no_attacks)
     again = tmp_path / "again"
     (again / "cache").parent.mkdir(parents=True)
     (again / "cache").symlink_to(out / "cache")

@@ -25,12 +25,14 @@ often only misclassified under that query's masks, while ``x_max`` is the deepes
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
-from torch import nn
 
 from bayesgate.attacks.losses import LOSSES, AttackLoss
-from bayesgate.attacks.model_fn import ModelFn, frozen_parameters, log_predictive_fn
+from bayesgate.attacks.methods.base import Attack, AttackInput, check
+from bayesgate.attacks.model_fn import ModelFn
 from bayesgate.models.training.adversarial import project_linf
 
 MOMENTUM = 0.75
@@ -52,26 +54,42 @@ def apgd_checkpoints(n_iter: int) -> list[int]:
     return sorted({math.ceil(q * n_iter - 1e-9) for q in p})
 
 
-def apgd(
-    model: nn.Module | ModelFn,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    eps: float,
-    *,
-    loss: str = "ce",
-    n_iter: int = 100,
-    k: int = 10,
-    generator: torch.Generator | None = None,
-) -> torch.Tensor:
-    """APGD-CE (``loss="ce"``) or APGD-DLR (``loss="dlr"``) on the MC log-predictive over ``k``
-    passes; returns adversarial images (``x``'s shape) inside the ε-ball and [0, 1]."""
-    if loss not in LOSSES:
-        raise ValueError(f"APGD loss must be one of {', '.join(LOSSES)}, got {loss!r}")
-    if not 0 < eps <= 1:
-        raise ValueError(f"eps must be in (0, 1], got {eps}")
-    fn = log_predictive_fn(model, k, generator=generator)
-    with frozen_parameters(model):
-        return _APGDRun(fn, LOSSES[loss], x.detach(), y, eps, n_iter, generator).run()
+@dataclass(frozen=True)
+class APGD(Attack):
+    """APGD-CE (``loss="ce"``) or APGD-DLR (``loss="dlr"``), ``steps`` gradient queries of the
+    model function (the MC log-predictive: fresh masks per query), the algorithm above."""
+
+    name: ClassVar[str] = "apgd"
+
+    eps: float = 0.3
+    """L∞ radius ε."""
+    steps: int = 100
+    """Gradient queries N (the checkpoints are fractions of it)."""
+    loss: str = "ce"
+    """``ce`` (cross-entropy) or ``dlr`` (difference of logits ratio)."""
+
+    def check(self) -> None:
+        check(0.0 < self.eps <= 1.0, f"apgd eps must be in (0, 1], got {self.eps}")
+        check(self.steps >= 1, f"apgd steps must be ≥ 1, got {self.steps}")
+        check(
+            self.loss in LOSSES,
+            f"apgd loss must be one of {', '.join(LOSSES)}, got {self.loss!r}",
+        )
+
+    @property
+    def linf_radius(self) -> float:
+        return self.eps
+
+    @property
+    def label(self) -> str:
+        return f"APGD-{self.loss.upper()}-{self.steps} ε={self.eps:g}"
+
+    def perturb(self, batch: AttackInput) -> torch.Tensor:
+        run = _APGDRun(
+            batch.model_fn, LOSSES[self.loss], batch.x.detach(), batch.y, self.eps, self.steps,
+            batch.generator,
+        )  # fmt: skip
+        return run.run()
 
 
 class _APGDRun:
