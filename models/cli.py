@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -196,9 +197,27 @@ def cmd_train(args: argparse.Namespace) -> int:
         batch_transform=transform,
     )
     card = _model_card(name, arch, config, args, result, int(train_data[0].shape[0]), device)
+    card.training["command"] = command_line(args)
     save_model(model, card, out)
     print(json.dumps({"model": str(out), "val": result.val_metrics}, indent=2))
     return 0
+
+
+def command_line(
+    args: argparse.Namespace, positional: tuple[str, ...] = (), omit: tuple[str, ...] = ()
+) -> str:
+    """The command as a re-runnable line with every option spelt out (defaults included), e.g.
+    ``bayesgate evaluate DIR --k 100 --seed 0 …``; ``omit`` drops options that change no
+    number (where the output goes)."""
+    words = ["bayesgate", args.command, *(str(getattr(args, name)) for name in positional)]
+    skip = {"command", "func", "no_progress", *positional, *omit}
+    for key, value in vars(args).items():
+        if key in skip or value is None or value is False:
+            continue
+        words.append("--" + key.replace("_", "-"))
+        if value is not True:
+            words.append(str(value))
+    return shlex.join(words)
 
 
 def checkpoint_root() -> Path:
@@ -306,6 +325,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         "images": int(x.shape[0]),
         "k": args.k,
         **metrics,
+        "command": command_line(args, positional=("model",), omit=("json", "write_card")),
+        "weights_sha256": loaded.card.weights_sha256,
+        "training": loaded.card.training,
     }
     text = json.dumps(report, indent=2)
     print(text)

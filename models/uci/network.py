@@ -68,6 +68,19 @@ class GroupedDropoutNet(nn.Module):
         keep = torch.tensor([1.0 - p for p in self.rates], dtype=torch.float32)
         self.register_buffer("keep", keep.view(g, 1, 1))
         self.in_features, self.hidden = in_features, hidden
+        self.log_tau: nn.Parameter | None = None  # see learn_tau
+
+    def learn_tau(self, initial: torch.Tensor) -> None:
+        """Make each member's noise precision a parameter, ``τ_g = exp(log_tau_g)`` (in the
+        units of the targets it is trained on), starting at ``initial`` (``G``)."""
+        if initial.shape != (self.members,) or not bool((initial > 0).all()):
+            raise ValueError(f"need {self.members} positive initial taus, got {initial.tolist()}")
+        self.log_tau = nn.Parameter(initial.detach().double().log().float())
+
+    @property
+    def learned_taus(self) -> torch.Tensor | None:
+        """``exp(log_tau)`` (``G``), or None when τ is fixed."""
+        return None if self.log_tau is None else self.log_tau.detach().exp()
 
     @property
     def members(self) -> int:
@@ -99,6 +112,8 @@ class GroupedDropoutNet(nn.Module):
         with torch.no_grad():
             for name in ("w1", "b1", "w2", "b2"):
                 getattr(out, name).copy_(getattr(self, name)[idx])
+        if self.log_tau is not None:
+            out.learn_tau(self.log_tau.detach()[idx].exp())
         return out
 
 
@@ -176,13 +191,19 @@ def train_members(
     k: int = 10,
     batch_size: int = 128,
     lr: float = 1e-3,
+    tau_lr: float | None = None,
     generator: torch.Generator | None = None,
     progress: bool = False,
     desc: str = "train",
 ) -> list[float]:
     """Adam on ``Σ_g [mean_n L_gn(α_g) + λ_g(‖W1_g‖² + ‖W2_g‖²)]``, minibatches of ``batch_size``
     reshuffled every epoch; ``x`` ``N×D`` and ``y`` ``N`` standardised, ``taus`` in the same
-    units. Returns the mean (over members) training energy of each epoch."""
+    units. If the net learns τ (:meth:`GroupedDropoutNet.learn_tau`), ``taus`` is ignored and
+    ``log τ_g`` is a parameter of the same energy — the Gaussian log-density's ``½·log τ`` term
+    keeps it finite — updated by Adam at ``tau_lr`` (default ``lr``). Start τ low: the energy's
+    gradient in ``log τ`` is ``τ·r²/2 − ½`` per example (``r`` the residual), ≥ −½ below the
+    optimum but unbounded above it, and a huge early gradient stalls Adam for a long time.
+    Returns the mean (over members) training energy of each epoch."""
     g = model.members
     for name, t in (("alphas", alphas), ("taus", taus), ("weight_decay", weight_decay)):
         if t.shape != (g,):
@@ -191,7 +212,11 @@ def train_members(
         raise ValueError(f"need epochs ≥ 1 and batch size ≥ 1, got {epochs} and {batch_size}")
     n = x.shape[0]
     y = y.view(n, 1)
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    weights = [model.w1, model.b1, model.w2, model.b2]
+    groups: list[dict] = [{"params": weights}]
+    if model.log_tau is not None:
+        groups.append({"params": [model.log_tau], "lr": tau_lr or lr})
+    optimizer = torch.optim.Adam(groups, lr=lr)
     history: list[float] = []
     model.train()
     for _ in tqdm(range(epochs), desc=desc, disable=not progress, leave=False):
@@ -199,8 +224,9 @@ def train_members(
         total = 0.0
         for start in range(0, n, batch_size):
             idx = order[start : start + batch_size]
+            tau = taus if model.log_tau is None else model.log_tau.exp()
             energies = grouped_bbalpha_loss(
-                mc_forward(model, x[idx], k, generator), y[idx], alphas, taus
+                mc_forward(model, x[idx], k, generator), y[idx], alphas, tau
             )
             decay = (
                 weight_decay * (model.w1.pow(2).sum((1, 2)) + model.w2.pow(2).sum((1, 2)))

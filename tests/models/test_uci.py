@@ -15,7 +15,12 @@ from bayesgate.cli import main
 from bayesgate.models.data.mnist import DataError
 from bayesgate.models.mc.losses import alpha_energy, bbalpha_gaussian_loss
 from bayesgate.models.uci.data import Standardiser, UCIDataError, available_datasets, load_uci
-from bayesgate.models.uci.experiment import mean_and_se, paper_values, within_2se
+from bayesgate.models.uci.experiment import (
+    grid_edge_counts,
+    mean_and_se,
+    paper_values,
+    within_2se,
+)
 from bayesgate.models.uci.network import (
     GroupedDropoutNet,
     evaluate_members,
@@ -215,10 +220,38 @@ def test_mean_se_and_paper_comparison() -> None:
     assert mean == pytest.approx(7 / 3)
     assert se == pytest.approx(np.std([1.0, 2.0, 4.0], ddof=1) / math.sqrt(3))
     assert math.isnan(mean_and_se([1.0])[1])
-    assert paper_values("bostonHousing", 0.5) == (2.38, 2.97)
+    assert paper_values("bostonHousing", 0.5) == (2.38, 2.97, 0.06, 0.19)  # appendix D
+    assert paper_values("yacht", 1.0) == (1.15, 0.88, 0.06, 0.06)
     assert paper_values("bostonHousing", 0.25) is None
     assert within_2se(2.50, 0.05, 2.42) is True and within_2se(2.60, 0.05, 2.42) is False
+    # combined: 2·√(0.05² + 0.06²) + 0.005 = 0.161 ≥ 0.16, but 2·0.05 + 0.005 < 0.16
+    assert (
+        within_2se(2.58, 0.05, 2.42, 0.06) is True and within_2se(2.59, 0.05, 2.42, 0.06) is False
+    )
     assert within_2se(2.5, math.nan, 2.42) is None
+
+
+def test_grid_edge_counts() -> None:
+    settings = {"dropout_rates": [0.005, 0.01, 0.05], "tau_values": [0.1, 0.5, 1.0]}
+    rows = [
+        {"dropout": 0.01, "tau": 0.5},  # inside both grids
+        {"dropout": 0.005, "tau": 0.5},  # p at the low edge
+        {"dropout": 0.05, "tau": 1.0},  # both at the high edge: one row at an edge
+        {"dropout": 0.01, "tau": 0.1},
+    ]
+    assert grid_edge_counts(rows, settings) == {
+        "choices": 4,
+        "dropout": {"low": 1, "high": 1},
+        "tau": {"low": 1, "high": 1},
+        "at_an_edge": 3,
+    }
+    learned = {"dropout_rates": [0.005, 0.01, 0.05], "tau_values": []}
+    rows_learned = [{"dropout": 0.01, "tau": 123.4}, {"dropout": 0.01, "tau": 0.5}]
+    assert grid_edge_counts(rows_learned, learned) == {
+        "choices": 2,
+        "dropout": {"low": 0, "high": 0},
+        "at_an_edge": 0,
+    }
 
 
 # --- model and loss -------------------------------------------------------------------------
@@ -240,6 +273,43 @@ def test_grouped_loss_equals_bbalpha_gaussian_loss_per_member() -> None:
         torch.testing.assert_close(energies[m], alpha_energy(ll[m], a))
     with pytest.raises(ValueError, match="alpha must be ≥ 0"):
         grouped_alpha_energy(ll, torch.tensor([0.0, -1.0, 0.3], dtype=torch.float64))
+
+
+def test_learned_tau_loss_is_the_analytic_gaussian_negative_log_likelihood() -> None:
+    """With p = 0 every pass is the same function, so for any α the energy is
+    −log N(y; f, 1/τ) = (τ/2)(y−f)² − ½ log τ + ½ log 2π, with τ = exp(log_tau)."""
+    gen = torch.Generator().manual_seed(0)
+    net = GroupedDropoutNet(2, 5, [0.0, 0.0, 0.0], generator=gen)
+    net.learn_tau(torch.tensor([0.5, 2.0, 30.0]))
+    x, y = torch.randn(9, 2, generator=gen), torch.randn(9, 1, generator=gen)
+    pred = mc_forward(net, x, 4, gen)
+    got = grouped_bbalpha_loss(pred, y, torch.tensor([0.0, 0.5, 1.0]), net.log_tau.exp())
+    for m, tau in enumerate((0.5, 2.0, 30.0)):
+        f = pred[m, :, 0, 0].double()
+        want = (tau / 2 * (y[:, 0].double() - f) ** 2 - 0.5 * math.log(tau)
+                + 0.5 * math.log(2 * math.pi)).mean()  # fmt: skip
+        assert float(got[m].detach()) == pytest.approx(float(want), rel=1e-5)
+    got.sum().backward()  # τ gets a gradient through the energy
+    assert net.log_tau.grad is not None and bool((net.log_tau.grad != 0).all())
+    assert torch.allclose(net.select([2]).learned_taus, torch.tensor([30.0]))
+
+
+def test_learned_tau_converges_to_the_maximum_likelihood_precision() -> None:
+    """Without dropout the energy's τ-optimum is 1/mean residual² (starting below it)."""
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(256, 3, generator=gen)
+    y = x @ torch.tensor([1.0, -2.0, 0.5]) + 0.3 * torch.randn(256, generator=gen)
+    net = GroupedDropoutNet(3, 16, [0.0, 0.0], generator=gen)
+    starts = torch.tensor([0.05, 1.0])
+    net.learn_tau(starts)
+    train_members(net, x, y, alphas=torch.tensor([0.5, 1.0]), taus=starts,
+                  weight_decay=torch.zeros(2), epochs=150, k=2, batch_size=64, lr=1e-2,
+                  tau_lr=0.05, generator=gen)  # fmt: skip
+    with torch.no_grad():
+        residual = y - mc_forward(net, x, 1, gen)[:, :, 0, 0]  # G×N, no dropout
+    mle = 1.0 / residual.pow(2).mean(dim=1)
+    assert torch.allclose(net.learned_taus, mle, rtol=0.1), (net.learned_taus, mle)
+    assert bool((mle > 8).all())  # far from both starts: noise std 0.3 ⇒ τ ≈ 11
 
 
 def test_dropout_rate_and_member_independence() -> None:
@@ -318,15 +388,33 @@ def test_cli_writes_results_and_summary(
         assert entry["splits"] == 2
         assert entry["test_nll"] == pytest.approx(np.mean(nll))
         assert entry["test_nll_se"] == pytest.approx(np.std(nll, ddof=1) / math.sqrt(2))
-    assert "| toy | 0.5 | 2 | 3 |" in capsys.readouterr().out
+    assert "| toy | 0.5 | grid | 2 | 3 |" in capsys.readouterr().out
+    assert summary["grid_edges"]["choices"] == 4 and "tau" not in summary["grid_edges"]  # 1 τ
     assert main(["uci-table", str(tmp_path / "out")]) == 0
-    assert "| toy | 0 | 2 | 3 |" in capsys.readouterr().out
+    assert "| toy | 0 | grid | 2 | 3 |" in capsys.readouterr().out
     # --resume keeps the finished splits (same numbers) and refuses changed settings
     before = (out / "results.csv").read_text()
     assert main([*args, "--out", str(out), "--no-progress", "--resume"]) == 0
     assert (out / "results.csv").read_text() == before
     assert main([*args, "--out", str(out), "--resume", "--epochs", "1"]) == 2
     assert "settings differ" in capsys.readouterr().err
+
+
+def test_cli_learn_tau(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--learn-tau: no τ grid; each row records the τ it learned (target units), no τ edges."""
+    write_folder(tmp_path / "data", name="toy", n=60)
+    monkeypatch.setenv("BAYESGATE_DATA_DIR", str(tmp_path / "data"))
+    out = tmp_path / "out"
+    args = ["uci", "--dataset", "toy", "--alpha", "0.5", "--splits", "1", "--k-test", "20",
+            "--epochs", "20", "--learn-tau", "--out", str(out), "--no-progress"]  # fmt: skip
+    assert main(args) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["settings"]["learn_tau"] is True and summary["settings"]["tau_values"] == []
+    assert set(summary["grid_edges"]) == {"choices", "dropout", "at_an_edge"}
+    with open(out / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    taus = [float(r["tau"]) for r in rows]
+    assert all(math.isfinite(t) and t > 0 and t != 5.0 for t in taus)  # not the folder's grid
 
 
 def test_cli_no_refit_and_errors(
