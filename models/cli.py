@@ -327,6 +327,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         **metrics,
         "command": command_line(args, positional=("model",), omit=("json", "write_card")),
         "weights_sha256": loaded.card.weights_sha256,
+        "stochastic": loaded.card.stochastic,
         "training": loaded.card.training,
     }
     text = json.dumps(report, indent=2)
