@@ -125,7 +125,19 @@ def test_evaluate_writes_metrics_into_the_card(trained, tmp_path: Path, data_env
     assert (report["split"], report["images"], report["k"]) == ("test", 500, 5)
     card = read_card(out)
     test_metrics = card.metrics["test"]
-    assert test_metrics == {k: v for k, v in report.items() if k not in ("model", "split")}
+    provenance = ("command", "weights_sha256", "stochastic", "training")
+    assert test_metrics == {
+        k: v for k, v in report.items() if k not in ("model", "split", *provenance)
+    }
+    # the raw output says how it was made: the command re-runs it, the weights are named
+    assert report["command"] == (
+        f"bayesgate evaluate {out} --k 5 --split test --limit 500 --batch-size 500 --seed 0 "
+        "--device cpu"
+    )
+    assert report["weights_sha256"] == card.weights_sha256 and report["stochastic"] is True
+    assert report["training"]["epochs_run"] == 1 and report["training"]["command"].startswith(
+        "bayesgate train --preset mlp-2x32"
+    )
     assert "val" in card.metrics  # earlier metrics kept
     # recompute accuracy and log-likelihood from the same seeded masks (seed 0, one batch)
     loaded = load_model(out)
