@@ -134,7 +134,8 @@ def cmd_uci(args: argparse.Namespace) -> int:
         }
         (out / SUMMARY_FILE).write_text(json.dumps(document, indent=2) + "\n")
         bar.set_postfix(nll=" ".join(f"{s['test_nll']:.2f}" for s in summary))
-    print(format_table([{**e, "epochs": settings["epochs"]} for e in summarise(rows)]))
+    tau = "learned" if config.learn_tau else "grid"
+    print(format_table([{**e, "epochs": settings["epochs"], "tau": tau} for e in summarise(rows)]))
     print(f"choices at a grid edge: {json.dumps(grid_edge_counts(rows, settings))}")
     return 0
 

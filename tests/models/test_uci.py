@@ -400,7 +400,9 @@ def test_cli_writes_results_and_summary(
     assert "settings differ" in capsys.readouterr().err
 
 
-def test_cli_learn_tau(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_learn_tau(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """--learn-tau: no τ grid; each row records the τ it learned (target units), no τ edges."""
     write_folder(tmp_path / "data", name="toy", n=60)
     monkeypatch.setenv("BAYESGATE_DATA_DIR", str(tmp_path / "data"))
@@ -408,6 +410,7 @@ def test_cli_learn_tau(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     args = ["uci", "--dataset", "toy", "--alpha", "0.5", "--splits", "1", "--k-test", "20",
             "--epochs", "20", "--learn-tau", "--out", str(out), "--no-progress"]  # fmt: skip
     assert main(args) == 0
+    assert "| toy | 0.5 | learned | 1 | 20 |" in capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())
     assert summary["settings"]["learn_tau"] is True and summary["settings"]["tau_values"] == []
     assert set(summary["grid_edges"]) == {"choices", "dropout", "at_an_edge"}
