@@ -115,8 +115,8 @@ def go_ready(
         served.name,
         served.sha256[:12],
         served.device,
-        served.calibration.score,
-        served.calibration.threshold,
+        served.decision.score,
+        served.decision.threshold,
         "enabled" if state.admin_key_digest else "disabled (no API key)",
     )
     return Serving(worker, watcher, uninstall)

@@ -34,10 +34,10 @@ from pathlib import Path
 
 import torch
 
-from bayesgate.models.mc.engine import mc_predict
-from bayesgate.models.mc.uncertainty import SCORES
+from bayesgate.models.mc.engine import mc_predict, mc_predict_features
 from bayesgate.service.errors import InvalidInput, ReloadFailed, StartupError
 from bayesgate.service.metrics import Metrics
+from bayesgate.service.prediction import predictions
 from bayesgate.service.served_model import DecisionOverride, ServedModel, load_served_model
 from bayesgate.service.settings import Settings
 from bayesgate.service.worker import BatchWorker
@@ -83,18 +83,13 @@ class AdminState:
 
 
 def with_decision(base: ServedModel, override: DecisionOverride) -> ServedModel:
-    """``base`` with ``override.score > override.threshold`` as its decision (``thresholds[score]``
-    replaced)."""
-    cal = base.calibration
-    try:
-        calibration = dataclasses.replace(
-            cal,
-            score=override.score,
-            thresholds={**cal.thresholds, override.score: override.threshold},
+    """``base`` with ``override.score > override.threshold`` as its decision."""
+    if override.score not in base.score_names:
+        raise InvalidInput(
+            f"score: this model has no score {override.score!r}; "
+            f"choose one of {', '.join(base.score_names)}"
         )
-    except ValueError as exc:  # Calibration validates itself
-        raise InvalidInput(str(exc)) from None
-    return dataclasses.replace(base, calibration=calibration, override=override)
+    return dataclasses.replace(base, override=override)
 
 
 def resolve_decision(
@@ -102,19 +97,20 @@ def resolve_decision(
 ) -> tuple[str, float]:
     """An admin request (either may be missing) → the full (score, threshold) to apply.
 
-    No score: keep the active one. No threshold: ``calibration.json``'s threshold of that score.
+    No score: keep the active one. No threshold: the stored threshold of that score
+    (``calibration.json``'s, or the fused detector's for its scores).
     """
     if score is None and threshold is None:
         raise InvalidInput("body: give 'score', 'threshold' or both")
-    score = active.calibration.score if score is None else score
-    if score not in SCORES:
-        raise InvalidInput(f"score: unknown score {score!r}; choose one of {', '.join(SCORES)}")
+    score = active.decision.score if score is None else score
+    if score not in base.score_names:
+        raise InvalidInput(
+            f"score: unknown score {score!r}; choose one of {', '.join(base.score_names)}"
+        )
     if threshold is None:
-        if score not in base.calibration.thresholds:
-            raise InvalidInput(
-                f"threshold: calibration.json has no threshold for {score!r}; give one"
-            )
-        threshold = base.calibration.thresholds[score]
+        if score not in base.thresholds:
+            raise InvalidInput(f"threshold: no stored threshold for {score!r}; give one")
+        threshold = base.thresholds[score]
     if not math.isfinite(threshold):
         raise InvalidInput(f"threshold: must be a finite number, got {threshold}")
     return score, float(threshold)
@@ -125,8 +121,13 @@ def _now() -> str:
 
 
 def _warm(serving: ServedModel) -> None:
+    """One pass through what a request runs: the engine and, with a detector, its scores."""
     x = torch.zeros(1, *serving.input_shape, device=serving.device)
-    mc_predict(serving.network, x, 2, generator=None)
+    if serving.detector is None:
+        mc_predict(serving.network, x, 2, generator=None)
+        return
+    out = mc_predict_features(serving.network, x, 2, generator=None)
+    predictions(out.probs, serving, out.features)
 
 
 class ModelControl:
@@ -154,8 +155,8 @@ class ModelControl:
     def publish(self, served: ServedModel) -> None:
         """Make ``served`` the served model (one reference swap; the next batch runs on it)."""
         self.worker.model = served
-        cal = served.calibration
-        self.metrics.set_model(served.name, served.sha256, cal.score, cal.threshold)
+        decision = served.decision
+        self.metrics.set_model(served.name, served.sha256, decision.score, decision.threshold)
 
     # --- changes --------------------------------------------------------------------------------
 
@@ -203,8 +204,8 @@ class ModelControl:
             state.generation,
             served.name,
             served.sha256[:12],
-            served.calibration.score,
-            served.calibration.threshold,
+            served.decision.score,
+            served.decision.threshold,
         )
 
     async def _follow(self, state: AdminState) -> None:

@@ -1,7 +1,8 @@
 """Open Inference Protocol (KServe v2 / Triton HTTP) tensors: request decoding, response encoding.
 
-The served model has one input and eight outputs (``B`` = batch, ``C`` = classes; per instance
-``b`` with MC samples ``p_k``, the fields of :class:`bayesgate.service.prediction.Prediction`):
+The served model has one input and at least nine outputs (``B`` = batch, ``C`` = classes; per
+instance ``b`` with MC samples ``p_k``, the fields of
+:class:`bayesgate.service.prediction.Prediction`):
 
 - ``input`` FP32 ``[-1, *card input shape]`` (``[-1, 1, 28, 28]``), values in the card's range;
 - ``probabilities`` FP32 ``[-1, C]``: ``p̄ = (1/K) Σ_k p_k``;
@@ -13,7 +14,12 @@ The served model has one input and eight outputs (``B`` = batch, ``C`` = classes
   ``tr(diag(p̄) − (1/K) Σ_k p_k p_kᵀ) = 1 − (1/K) Σ_k ‖p_k‖²``;
 - ``epistemic_variance`` FP32 ``[-1]``: Kwon et al.'s epistemic part,
   ``tr((1/K) Σ_k (p_k − p̄)(p_k − p̄)ᵀ) = (1/K) Σ_k ‖p_k‖² − ‖p̄‖²`` (the two sum to ``1 − ‖p̄‖²``);
-- ``adversarial`` BOOL ``[-1]``: ``score > threshold``.
+- ``adversarial`` BOOL ``[-1]``: ``score > threshold``;
+- ``score`` FP32 ``[-1]``: the value of the score that sets the flag (``score_name`` among the
+  response parameters; ``fused`` when the model has a fused detector);
+- every other score of the model, FP32 ``[-1]`` each, named as in ``/v1``'s ``scores``: with a
+  fused detector ``mahalanobis_<layer>``, ``mahalanobis_<layer>_predicted``, ``neg_log_kde`` and
+  ``fused`` (the model metadata lists them).
 
 Request (JSON only; the binary tensor extension is not supported)::
 
@@ -153,6 +159,13 @@ class InferResponse(BaseModel):
 # --- metadata ---------------------------------------------------------------------------------
 
 
+def output_table(serving: ServedModel) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """The outputs of this model: :data:`OUTPUTS`, ``score``, and each of its scores not in
+    :data:`OUTPUTS` (the detector's), FP32 per instance."""
+    extra = {name: ("FP32", ()) for name in serving.score_names if name not in OUTPUTS}
+    return {**OUTPUTS, "score": ("FP32", ()), **extra}
+
+
 def model_metadata(serving: ServedModel) -> dict[str, Any]:
     classes = len(serving.card.classes)
     outputs = [
@@ -161,7 +174,7 @@ def model_metadata(serving: ServedModel) -> dict[str, Any]:
             "datatype": datatype,
             "shape": [-1, *(classes if d == "C" else int(d) for d in dims)],
         }
-        for name, (datatype, dims) in OUTPUTS.items()
+        for name, (datatype, dims) in output_table(serving).items()
     ]
     return {
         "name": serving.name,
@@ -225,9 +238,9 @@ def _parameters(raw: Any) -> tuple[int | None, int | None]:
     return k, seed
 
 
-def _outputs(raw: Any) -> list[str]:
+def _outputs(raw: Any, table: dict[str, tuple[str, tuple[str, ...]]]) -> list[str]:
     if raw is None:
-        return list(OUTPUTS)
+        return list(table)
     if not isinstance(raw, list) or not raw:
         raise InvalidInput('outputs: expected a non-empty list of {"name": ...} objects')
     names: list[str] = []
@@ -237,9 +250,9 @@ def _outputs(raw: Any) -> list[str]:
             raise InvalidInput(f"{where}: expected an object with a 'name'")
         _unknown(where, list(item), OUTPUT_FIELDS)
         name = item.get("name")
-        if name not in OUTPUTS:
+        if name not in table:
             raise InvalidInput(
-                f"{where}.name: unknown output {name!r}; this model has {', '.join(OUTPUTS)}"
+                f"{where}.name: unknown output {name!r}; this model has {', '.join(table)}"
             )
         if name in names:
             raise InvalidInput(f"{where}.name: output {name!r} requested twice")
@@ -331,7 +344,7 @@ def parse_infer_request(payload: Any, serving: ServedModel, max_instances: int) 
     ):
         raise InvalidInput(f"id: expected a string of at most {MAX_ID_LENGTH} characters")
     k, seed = _parameters(payload.get("parameters"))
-    outputs = _outputs(payload.get("outputs"))
+    outputs = _outputs(payload.get("outputs"), output_table(serving))
     inputs = payload.get("inputs")
     if not isinstance(inputs, list) or len(inputs) != 1:
         got = f"{len(inputs)} inputs" if isinstance(inputs, list) else "no list"
@@ -371,12 +384,15 @@ def encode_outputs(predictions: list[Prediction], names: list[str]) -> list[dict
     batch = len(predictions)
     out = []
     for name in names:
-        datatype = OUTPUTS[name][0]
+        datatype = OUTPUTS[name][0] if name in OUTPUTS else "FP32"
         if name == "probabilities":
             data: list[Any] = [p for row in predictions for p in row.probabilities]
             shape = [batch, len(predictions[0].probabilities)]
-        else:
+        elif name in OUTPUTS or name == "score":
             data = [getattr(row, name) for row in predictions]
+            shape = [batch]
+        else:  # one of the model's scores
+            data = [row.scores[name] for row in predictions]
             shape = [batch]
         out.append({"name": name, "datatype": datatype, "shape": shape, "data": data})
     return out

@@ -10,7 +10,11 @@ MC samples ``p_k = probs[b, k]`` (``K×C``):
 - ``variation_ratio = 1 − f_mode / K``;
 - ``aleatoric_variance = 1 − (1/K) Σ_k ‖p_k‖²`` and ``epistemic_variance = (1/K) Σ_k ‖p_k‖² − ‖p̄‖²``
   (Kwon et al.);
-- the decision: ``score`` = the calibrated score (one of the three above, named ``score_name``),
+- ``scores``: every score by name — the three above and, when the model has a fused detector
+  (:mod:`bayesgate.models.detection`), ``mahalanobis_<layer>``, ``mahalanobis_<layer>_predicted``,
+  ``neg_log_kde`` and ``fused``, computed from the features of the same K passes;
+- the decision (:attr:`ServedModel.decision`): ``score = scores[score_name]``, the fused score when
+  there is a detector (else calibration.json's), or the admin's override;
   ``adversarial = score > threshold``;
 - ``model``: the weights and calibration that computed it (never read anywhere else, so an admin
   reload between a request's arrival and its batch cannot mislabel the answer).
@@ -21,6 +25,7 @@ encoders (the ``/v1`` response model and the ``/v2`` output table).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -45,26 +50,27 @@ class Prediction:
     score: float
     threshold: float
     adversarial: bool
+    scores: dict[str, float]  # every score by name (uncertainty, density, fused)
     model: ModelRef
     samples: list[list[float]] | None = None  # K×C, when the request asked for them
 
 
-def predictions(probs: torch.Tensor, model: ServedModel) -> list[Prediction]:
+def predictions(
+    probs: torch.Tensor,
+    model: ServedModel,
+    features: Mapping[str, torch.Tensor] | None = None,
+) -> list[Prediction]:
     """One :class:`Prediction` per row of ``probs`` (``B×K×C``, any device), computed by
-    ``model``; without the samples (the worker attaches them on request)."""
+    ``model``; without the samples (the worker attaches them on request). ``features`` (from the
+    same K passes) are needed when the model has a fused detector."""
     probs = probs.detach().float().cpu()
-    calibration, classes, ref = model.calibration, model.card.classes, model.ref
+    classes, ref, decision = model.card.classes, model.ref, model.decision
     mean = uncertainty.predictive_mean(probs)
-    measures = {
-        "predictive_entropy": uncertainty.predictive_entropy(probs),
-        "mutual_information": uncertainty.mutual_information(probs),
-        "variation_ratio": uncertainty.variation_ratio(probs),
-    }
-    # Calibration accepts only these three scores (bayesgate.models.mc.uncertainty.SCORES).
-    scores = measures[calibration.score].tolist()
-    entropy, mutual, ratio = (values.tolist() for values in measures.values())
+    measures = {name: fn(probs) for name, fn in uncertainty.SCORES.items()}
+    scores = _all_scores(model, probs, features, measures)
+    entropy, mutual, ratio = (measures[n].tolist() for n in UNCERTAINTY)
     aleatoric, epistemic = (v.tolist() for v in uncertainty.kwon_uncertainty(probs))
-    threshold = calibration.threshold
+    per_row = _rows(scores)
     labels, means = mean.argmax(dim=-1).tolist(), mean.tolist()
     return [
         Prediction(
@@ -76,11 +82,38 @@ def predictions(probs: torch.Tensor, model: ServedModel) -> list[Prediction]:
             variation_ratio=ratio[b],
             aleatoric_variance=aleatoric[b],
             epistemic_variance=epistemic[b],
-            score_name=calibration.score,
-            score=scores[b],
-            threshold=threshold,
-            adversarial=scores[b] > threshold,
+            score_name=decision.score,
+            score=per_row[b][decision.score],
+            threshold=decision.threshold,
+            adversarial=per_row[b][decision.score] > decision.threshold,
+            scores=per_row[b],
             model=ref,
         )
         for b, label in enumerate(labels)
     ]
+
+
+UNCERTAINTY = ("predictive_entropy", "mutual_information", "variation_ratio")
+
+
+def _all_scores(
+    model: ServedModel,
+    probs: torch.Tensor,
+    features: Mapping[str, torch.Tensor] | None,
+    measures: dict[str, torch.Tensor],
+) -> dict[str, torch.Tensor]:
+    """The uncertainty scores, and with a detector every density score and the fused one."""
+    if model.detector is None:
+        return measures
+    if features is None:
+        raise RuntimeError("the served model has a detector but the engine gave no features")
+    cpu = {name: f.detach().float().cpu() for name, f in features.items()}
+    with torch.inference_mode():
+        return model.detector.scores(probs, cpu, measures)
+
+
+def _rows(scores: dict[str, torch.Tensor]) -> list[dict[str, float]]:
+    """``{name: B values}`` → one ``{name: value}`` per instance (plain floats)."""
+    names = list(scores)
+    columns = torch.stack([scores[n].double() for n in names], dim=1).tolist()
+    return [dict(zip(names, row, strict=True)) for row in columns]

@@ -57,10 +57,18 @@ class InstancePrediction(BaseModel):
     epistemic_variance: float = Field(
         description="Kwon et al.: Σ_c (1/K) Σ_k (p_kc − p̄_c)², the spread between passes"
     )
-    score_name: str = Field(description="the calibrated score used for the flag")
+    score_name: str = Field(
+        description="the score used for the flag: 'fused' when the model has a fused detector"
+    )
     score: float
     threshold: float
     adversarial: bool = Field(description="score > threshold")
+    scores: dict[str, float] = Field(
+        description="every score by name, higher = more suspicious: predictive_entropy, "
+        "mutual_information, variation_ratio and, with a fused detector, mahalanobis_<layer> "
+        "(closest class), mahalanobis_<layer>_predicted, neg_log_kde (−log kernel density of the "
+        "predicted class) and fused (the logistic-regression logit)"
+    )
     samples: list[list[float]] | None = Field(None, description="K×C probabilities if asked")
 
 

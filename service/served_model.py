@@ -3,12 +3,18 @@
 :class:`ServedModel` is the one type the service serves; the inference worker owns the current one
 (:attr:`bayesgate.service.worker.BatchWorker.model`), and an admin change replaces it there.
 Start-up and reloads go through :func:`load_served_model`; every problem (missing or tampered
-weights, broken card, missing or mismatched ``calibration.json``) becomes one
-:class:`StartupError` whose message names the file and the problem.
+weights, broken card, missing or mismatched ``calibration.json``, a detector it references that is
+missing, changed or fitted for other weights) becomes one :class:`StartupError` whose message
+names the file and the problem.
+
+The decision (:attr:`ServedModel.decision`, ``score > threshold`` flags an input) is the admin's
+override when there is one, else the fused detector's (``bayesgate fit-detector``, referenced from
+``calibration.json``), else ``calibration.json``'s uncertainty score.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -17,7 +23,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from bayesgate.models.detection import Detector, load_detector
+from bayesgate.models.detection.store import DETECTOR_JSON
 from bayesgate.models.device import pick_device
+from bayesgate.models.mc.uncertainty import SCORES
 from bayesgate.models.store.calibration import Calibration, read_calibration
 from bayesgate.models.store.directory import ModelCard, ModelStoreError, load_model
 from bayesgate.service.errors import StartupError
@@ -30,6 +39,14 @@ class DecisionOverride:
     score: str
     threshold: float
     set_at: str  # ISO 8601, UTC
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Flag an input when its ``score`` exceeds ``threshold``."""
+
+    score: str
+    threshold: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +68,28 @@ class ServedModel:
     device: torch.device
     directory: Path
     override: DecisionOverride | None = None
+    detector: Detector | None = None
+
+    @property
+    def decision(self) -> Decision:
+        """The override, else the detector's fused score, else calibration.json's score."""
+        if self.override is not None:
+            return Decision(self.override.score, self.override.threshold)
+        if self.detector is not None:
+            return Decision(self.detector.score, self.detector.threshold)
+        return Decision(self.calibration.score, self.calibration.threshold)
+
+    @property
+    def score_names(self) -> tuple[str, ...]:
+        """Every score a prediction carries: the uncertainty scores, and the detector's."""
+        return self.detector.score_names if self.detector is not None else tuple(SCORES)
+
+    @property
+    def thresholds(self) -> dict[str, float]:
+        """Each score's own threshold at the target FPR: calibration.json's for the uncertainty
+        scores, the detector's for its density and fused scores."""
+        detector = {} if self.detector is None else self.detector.thresholds
+        return {**detector, **self.calibration.thresholds}
 
     @property
     def name(self) -> str:
@@ -76,25 +115,44 @@ class ServedModel:
 
     def summary(self) -> dict[str, Any]:
         """The card and calibration summary a client needs to trust the adversarial flag."""
-        cal = self.calibration
+        cal, decision = self.calibration, self.decision
         return {
             "name": self.card.name,
             "weights_sha256": self.card.weights_sha256,
             "device": str(self.device),
             "card": asdict(self.card),
             "calibration": {
-                "score": cal.score,
-                "threshold": cal.threshold,
+                "score": decision.score,
+                "threshold": decision.threshold,
                 "target_fpr": cal.target_fpr,
                 "mc_samples": cal.k,
-                "thresholds": dict(cal.thresholds),
+                "thresholds": self.thresholds,
                 "validation": cal.validation,
                 "auroc": attack_aurocs(cal.attacks),
                 "attacks": cal.attacks,
                 "created": cal.created,
                 "override": None if self.override is None else asdict(self.override),
+                "detector": None if self.detector is None else detector_summary(self.detector),
             },
         }
+
+
+def detector_summary(detector: Detector) -> dict[str, Any]:
+    """What a client sees of the fused detector: its scores, thresholds, fusion and fit."""
+    fit = detector.fit
+    return {
+        "score": detector.score,
+        "threshold": detector.threshold,
+        "mc_samples": detector.k,
+        "target_fpr": detector.target_fpr,
+        "scores": list(detector.score_names),
+        "thresholds": dict(detector.thresholds),
+        "fusion": None if detector.fusion is None else detector.fusion.to_json(),
+        "kde_bandwidth": None if detector.kde is None else detector.kde.bandwidth,
+        "shrinkage": {layer: g.shrinkage for layer, g in detector.gaussians.items()},
+        "validation_auroc": fit.get("auroc"),
+        "images": fit.get("images"),
+    }
 
 
 def attack_aurocs(attacks: list[dict[str, Any]]) -> dict[str, float]:
@@ -125,6 +183,7 @@ def load_served_model(directory: Path | str, device: str = "auto") -> ServedMode
     try:
         loaded = load_model(directory, dev)
         calibration = read_calibration(directory, weights_sha256=loaded.card.weights_sha256)
+        detector = _referenced_detector(directory, calibration, loaded.card.weights_sha256)
     except ModelStoreError as exc:
         raise StartupError(str(exc)) from exc
     shape = loaded.card.input.get("shape")
@@ -136,4 +195,30 @@ def load_served_model(directory: Path | str, device: str = "auto") -> ServedMode
         calibration=calibration,
         device=dev,
         directory=directory,
+        detector=detector,
     )
+
+
+def _referenced_detector(
+    directory: Path, calibration: Calibration, weights_sha256: str
+) -> Detector | None:
+    """The detector ``calibration.json`` references, its ``detector.json`` checked against the
+    recorded sha256 and its statistics against the weights; ``None`` when there is none."""
+    reference = calibration.detector
+    if reference is None:
+        return None
+    path = directory / DETECTOR_JSON
+    if reference["file"] != DETECTOR_JSON or not path.is_file():
+        raise ModelStoreError(
+            f"{directory / reference['file']}: detector referenced by calibration.json not found"
+        )
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if digest != reference["sha256"]:
+        raise ModelStoreError(
+            f"{path}: sha256 {digest[:16]}… differs from calibration.json's "
+            f"{reference['sha256'][:16]}… (re-run `bayesgate fit-detector`)"
+        )
+    detector = load_detector(directory, weights_sha256=weights_sha256)
+    if detector.fusion is None or detector.score not in detector.thresholds:
+        raise ModelStoreError(f"{path}: the detector has no fitted fusion and threshold")
+    return detector

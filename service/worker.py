@@ -301,6 +301,15 @@ class BatchWorker:
         for jobs in groups.values():
             self._run_group(jobs)
 
+    def _engine_call(
+        self, model: ServedModel, x: torch.Tensor, k: int, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
+        """``(probs B×K×C, features)``; features (same K passes) only for a fused detector."""
+        if model.detector is None:
+            return self.engine(model.network, x, k, generator), None
+        out = self.engine(model.network, x, k, generator, features=True)
+        return out.probs, out.features
+
     def _run_group(self, jobs: list[Job]) -> None:
         """One engine call over the concatenated inputs of ``jobs`` (same K); split the rows."""
         model = self.model
@@ -312,10 +321,10 @@ class BatchWorker:
             generator = None
             if seed is not None:
                 generator = torch.Generator(device=model.device).manual_seed(seed)
-            probs = self.engine(model.network, x, k, generator)
+            probs, features = self._engine_call(model, x, k, generator)
             if probs.shape[:2] != (size, k):
                 raise RuntimeError(f"engine returned shape {tuple(probs.shape)}, expected B×K×C")
-            answers = predictions(probs, model)
+            answers = predictions(probs, model, features)
         except Exception as exc:
             seconds = time.perf_counter() - start
             self.stats.record_call(size, len(jobs), seconds, ok=False)

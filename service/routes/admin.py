@@ -42,7 +42,9 @@ class ThresholdRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     score: str | None = Field(
-        None, description="predictive_entropy, mutual_information or variation_ratio"
+        None,
+        description="predictive_entropy, mutual_information, variation_ratio, or with a fused "
+        "detector any of its scores (fused, mahalanobis_<layer>, neg_log_kde, …)",
     )
     threshold: float | None = Field(
         None, allow_inf_nan=False, description="flag when score > threshold"
@@ -71,8 +73,8 @@ def _result(request: Request, state: AdminState) -> dict[str, Any]:
     return {
         "model": served.name,
         "weights_sha256": served.sha256,
-        "score": served.calibration.score,
-        "threshold": served.calibration.threshold,
+        "score": served.decision.score,
+        "threshold": served.decision.threshold,
         "override": None if served.override is None else asdict(served.override),
         "generation": state.generation,
         "scope": "all worker processes (others within 1 s)" if control.shared else "this process",

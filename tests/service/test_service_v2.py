@@ -70,6 +70,7 @@ async def test_server_and_model_metadata_come_from_the_card(
         {"name": "aleatoric_variance", "datatype": "FP32", "shape": [-1]},
         {"name": "epistemic_variance", "datatype": "FP32", "shape": [-1]},
         {"name": "adversarial", "datatype": "BOOL", "shape": [-1]},
+        {"name": "score", "datatype": "FP32", "shape": [-1]},
     ]
     assert (live.status_code, live.json()) == (200, {"live": True})
     assert (ready.status_code, ready.json()) == (200, {"ready": True})
@@ -147,6 +148,7 @@ async def test_infer_equals_the_engine_and_v1_for_the_same_seed(
         "aleatoric_variance",
         "epistemic_variance",
         "adversarial",
+        "score",
     ]
     assert [o["datatype"] for o in body["outputs"]] == [
         "FP32",
@@ -157,6 +159,7 @@ async def test_infer_equals_the_engine_and_v1_for_the_same_seed(
         "FP32",
         "FP32",
         "BOOL",
+        "FP32",
     ]
     mean = probs.mean(dim=1)
     np.testing.assert_allclose(out["probabilities"], mean.numpy(), atol=1e-6)
@@ -173,6 +176,7 @@ async def test_infer_equals_the_engine_and_v1_for_the_same_seed(
     epistemic = (second_moment - (mean**2).sum(-1)).numpy()
     np.testing.assert_allclose(out["epistemic_variance"], epistemic, atol=1e-5)
     assert out["adversarial"].tolist() == (out["mutual_information"] > threshold).tolist()
+    assert out["score"].tolist() == out["mutual_information"].tolist()  # the calibrated score
     # Nested data: the same numbers; /v1/predict: the same numbers, bit for bit.
     assert nested.json()["outputs"] == body["outputs"]
     v1_rows = v1.json()["predictions"]
@@ -185,6 +189,7 @@ async def test_infer_equals_the_engine_and_v1_for_the_same_seed(
         "aleatoric_variance",
         "epistemic_variance",
         "adversarial",
+        "score",
     ):
         assert out[name].tolist() == [row[name] for row in v1_rows], name
 
@@ -212,7 +217,7 @@ async def test_outputs_selection_and_defaults(
     assert body["outputs"][1]["shape"] == [2, 10] and len(body["outputs"][1]["data"]) == 20
     assert "id" not in body and "seed" not in body["parameters"]
     assert body["parameters"]["mc_samples"] == 6
-    assert unseeded.status_code == 200 and len(unseeded.json()["outputs"]) == 8
+    assert unseeded.status_code == 200 and len(unseeded.json()["outputs"]) == 9
 
 
 BAD_V2: list[tuple[str, Any, list[str]]] = [
