@@ -122,3 +122,21 @@ def test_tampered_or_foreign_files_are_refused(tmp_path: Path) -> None:
         load_detector(tmp_path)
     with pytest.raises(ModelStoreError, match="fit-detector"):
         load_detector(tmp_path / "missing")
+
+
+def test_scores_are_differentiable_in_the_features() -> None:
+    """An adaptive attack differentiates the fused score: autograd matches finite differences
+    (float64), with rows of several predicted classes in one batch."""
+    det = _detector(torch.float32)
+    probs, features = _inputs(6)
+    assert det.kde is not None
+    classes = torch.tensor([0, 2, 1, 2, 0, 1])
+    f = features["penultimate"].double().requires_grad_()
+    assert torch.autograd.gradcheck(lambda v: det.kde.log_density(v, classes), (f,))
+    g = det.gaussians["trunk"]
+    trunk = features["trunk"].double().requires_grad_()
+    double = type(g)(g.means.double(), g.precision.double(), g.shrinkage)
+    assert torch.autograd.gradcheck(lambda v: double.distances(v), (trunk,))
+    leaves = {n: v.clone().requires_grad_() for n, v in features.items()}
+    det.scores(probs, leaves)[FUSED].sum().backward()
+    assert all(v.grad is not None and torch.isfinite(v.grad).all() for v in leaves.values())
