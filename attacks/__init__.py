@@ -49,5 +49,5 @@ __all__ = sorted(_EXPORTS)
 
 def __getattr__(name: str) -> Any:
     if name not in _EXPORTS:
-        raise AttributeError(f"module 'attacks' has no attribute {name!r}")
+        raise AttributeError(f"module 'bayesgate.attacks' has no attribute {name!r}")
     return getattr(importlib.import_module(_EXPORTS[name]), name)

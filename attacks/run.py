@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 
 from bayesgate.attacks.methods import Attack
 from bayesgate.attacks.model_fn import frozen_parameters, log_predictive_fn
+from bayesgate.attacks.specs import parse_attack
 from bayesgate.models.mc.uncertainty import predictive_mean
 from bayesgate.models.training.evaluate import collect_mc
 
@@ -153,7 +154,7 @@ def run_attack(
     model: nn.Module,
     x: torch.Tensor,
     y: torch.Tensor,
-    attack: Attack,
+    attack: Attack | str,
     *,
     k: int = 10,
     k_eval: int = 100,
@@ -164,14 +165,14 @@ def run_attack(
     progress: bool = False,
     step_hook: StepHook | None = None,
 ) -> AttackOutcome:
-    """Attack every image of ``(x, y)`` with ``attack`` through the ``k``-pass log-predictive.
-
-    ``clean_pred`` (the ``k_eval`` MC prediction on ``x``; computed if not given) is the label
-    the untargeted attacks push away from. Randomness: see :func:`attack_in_batches`; ``x`` and
-    ``x_adv`` are evaluated with masks seeded ``seed`` (common random numbers). ``step_hook``
-    sees every step of an attack that reports its iterates (the targeted one).
-    """
+    """Attack every image of ``(x, y)`` with ``attack`` (or a spec such as ``"fgs:eta=0.2"``)
+    through the ``k``-pass log-predictive; ``clean_pred`` (the ``k_eval`` MC prediction on ``x``,
+    computed if not given) is the label the untargeted attacks push away from. Randomness: see
+    :func:`attack_in_batches`; ``x`` and ``x_adv`` are evaluated with masks seeded ``seed``
+    (common random numbers). ``step_hook`` sees every step of an attack that reports its
+    iterates (the targeted one)."""
     device = torch.device(device)
+    attack = parse_attack(attack) if isinstance(attack, str) else attack
     _check_run(x, y, batch_size)
     if clean_pred is None:
         _, clean_pred = mc_predictions(model, x, k_eval, device=device, seed=seed)

@@ -83,6 +83,9 @@ def test_untargeted_verdicts_follow_the_definition(linear_net: LinearNet) -> Non
     # batching does not change an input-wise deterministic attack
     whole = run_attack(linear_net, x, y, FGS(eta=0.15), k=1, k_eval=1, batch_size=100)
     assert torch.equal(whole.x_adv, out.x_adv)
+    # a spec string goes through the registry to the same attack
+    by_spec = run_attack(linear_net, x, y, "fgs:eta=0.15", k=1, k_eval=1, batch_size=7)
+    assert by_spec.attack == FGS(eta=0.15) and torch.equal(by_spec.x_adv, out.x_adv)
     torch.testing.assert_close(out.linf, (out.x_adv - x).flatten(1).abs().amax(1))
 
 
