@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from bayesgate.models import adversarial_cli
-from bayesgate.models.device import DEVICE_CHOICES, pick_device
+from bayesgate.models.device import DEVICE_CHOICES, pick_device, set_threads
 from bayesgate.models.networks.bbb.layers import SAMPLING_MODES
 from bayesgate.models.networks.dropout import build_network, preset_architecture, preset_names
 from bayesgate.models.store.directory import ModelCard, load_model, save_model, write_card
@@ -28,6 +28,11 @@ from bayesgate.models.training.train import (
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    _add_train_parser(sub)
+    _add_evaluate_parser(sub)
+
+
+def _add_train_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train", help="train a dropout or Bayes-by-Backprop network on MNIST (BB-α or ELBO)"
     )
@@ -120,6 +125,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     adversarial_cli.add_arguments(p)
     p.set_defaults(func=cmd_train)
 
+
+def _add_evaluate_parser(sub: argparse._SubParsersAction) -> None:
     e = sub.add_parser(
         "evaluate", help="test-set accuracy, log-likelihood, NLL, Brier, ECE of a model"
     )
@@ -145,10 +152,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.patience and not args.val_size:
         raise ValueError("--patience needs validation data: early stopping watches the validation "
                          "log-likelihood, and --val-size 0 holds none out")  # fmt: skip
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads must be ≥ 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     device = pick_device(args.device)
     arch = _architecture(args)
     suffix = "elbo" if args.loss == "elbo" else f"alpha{config.alpha:g}"
@@ -218,6 +222,10 @@ def command_line(
         if value is not True:
             words.append(str(value))
     return shlex.join(words)
+
+
+def _print_row(row: dict[str, float]) -> None:
+    print(json.dumps({k: round(v, 5) for k, v in row.items()}), file=sys.stderr)
 
 
 def checkpoint_root() -> Path:

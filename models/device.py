@@ -1,4 +1,4 @@
-"""Device selection: CUDA when present, CPU otherwise."""
+"""Device selection: CUDA when present, CPU otherwise; the number of CPU threads."""
 
 from __future__ import annotations
 
@@ -25,3 +25,12 @@ def pick_device(preference: str = "auto") -> torch.device:
             f"device {preference!r} requested but CUDA is not available on this host"
         )
     return torch.device(preference)
+
+
+def set_threads(threads: int | None) -> None:
+    """``torch.set_num_threads(threads)`` (``--threads``); None leaves torch's default."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise ValueError(f"--threads must be ≥ 1, got {threads}")
+    torch.set_num_threads(threads)

@@ -12,9 +12,12 @@ import csv
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
+
+if TYPE_CHECKING:
+    from bayesgate.models.uci.experiment import UCIConfig
 
 SUMMARY_FILE = "summary.json"
 RESULTS_FILE = "results.csv"
@@ -76,33 +79,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_uci(args: argparse.Namespace) -> int:
-    import torch
-
+    from bayesgate.models.device import set_threads
     from bayesgate.models.uci.data import load_uci
-    from bayesgate.models.uci.experiment import UCIConfig, grid_edge_counts, run_split, summarise
+    from bayesgate.models.uci.experiment import grid_edge_counts, run_split, summarise
 
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads must be ≥ 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
-    config = UCIConfig(
-        alphas=tuple(args.alpha),
-        k_train=args.k_train,
-        k_val=args.k_val,
-        k_test=args.k_test,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        lengthscale=args.lengthscale,
-        refit=not args.no_refit,
-        dropout_rates=tuple(args.dropout_rates) if args.dropout_rates else None,
-        tau_values=tuple(args.tau_values) if args.tau_values else None,
-        hidden=args.hidden,
-        seed=args.seed,
-        learn_tau=args.learn_tau,
-        tau_init=args.tau_init,
-        tau_lr=args.tau_lr,
-    )
+    set_threads(args.threads)
+    config = _uci_config(args)
     ds = load_uci(args.dataset, args.data_dir)
     n = ds.n_splits if args.splits is None else args.splits
     if not 1 <= n <= ds.n_splits:
@@ -138,6 +120,29 @@ def cmd_uci(args: argparse.Namespace) -> int:
     print(format_table([{**e, "epochs": settings["epochs"], "tau": tau} for e in summarise(rows)]))
     print(f"choices at a grid edge: {json.dumps(grid_edge_counts(rows, settings))}")
     return 0
+
+
+def _uci_config(args: argparse.Namespace) -> UCIConfig:
+    from bayesgate.models.uci.experiment import UCIConfig
+
+    return UCIConfig(
+        alphas=tuple(args.alpha),
+        k_train=args.k_train,
+        k_val=args.k_val,
+        k_test=args.k_test,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        lengthscale=args.lengthscale,
+        refit=not args.no_refit,
+        dropout_rates=tuple(args.dropout_rates) if args.dropout_rates else None,
+        tau_values=tuple(args.tau_values) if args.tau_values else None,
+        hidden=args.hidden,
+        seed=args.seed,
+        learn_tau=args.learn_tau,
+        tau_init=args.tau_init,
+        tau_lr=args.tau_lr,
+    )
 
 
 def _previous_rows(out: Path, settings: dict[str, Any]) -> list[dict[str, Any]]:

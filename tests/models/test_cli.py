@@ -228,3 +228,18 @@ def test_train_resume_continues_to_the_same_weights(tmp_path: Path, data_env: No
     assert load_model(tmp_path / "twice").card.training["momentum"] == 0
     # the default checkpoint folder of a run without --checkpoint-dir is in the user cache
     assert (tmp_path / "cache" / "bayesgate" / "checkpoints" / "mlp-2x32-alpha0.5").is_dir()
+
+
+def test_threads_must_be_positive(tmp_path: Path, data_env: None) -> None:
+    code, _, stderr = _run(["train", "--preset", "mlp-2x32", "--threads", "0", "--out",
+                            str(tmp_path / "m"), "--no-progress"])  # fmt: skip
+    assert code == 2 and "--threads must be ≥ 1, got 0" in stderr
+    before = torch.get_num_threads()
+    try:
+        argv = ["train", "--preset", "mlp-2x32", "--threads", "1", "--epochs", "1", "--limit",
+                "100", "--val-size", "50", "--k-train", "1", "--k-val", "1", "--out",
+                str(tmp_path / "m"), "--no-progress", "--device", "cpu"]  # fmt: skip
+        code, _, _ = _run(argv)
+        assert code == 0 and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
