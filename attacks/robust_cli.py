@@ -89,7 +89,7 @@ def _settings(args: argparse.Namespace) -> RobustSettings:
 
 def load_for_evaluation(path: Path, device: torch.device) -> tuple[nn.Module, str, str]:
     """``(network in eval mode, name, weights sha256)`` from a model or checkpoint directory."""
-    from bayesgate.models.networks.dropout import build_network
+    from bayesgate.models.networks.registry import build_network
     from bayesgate.models.store.directory import load_model
     from bayesgate.models.training import checkpoint as ckpt
 

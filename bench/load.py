@@ -41,7 +41,7 @@ import torch
 from bayesgate import models
 from bayesgate.models.mc.engine import mc_predict
 from bayesgate.models.mc.uncertainty import SCORES
-from bayesgate.models.networks.dropout import build_network, preset_architecture
+from bayesgate.models.networks.registry import build_network, preset_architecture
 from bayesgate.models.store.calibration import Calibration, write_calibration
 from bayesgate.models.store.directory import ModelCard, load_model, save_model
 

@@ -28,7 +28,7 @@ import torch
 from bayesgate.models.device import pick_device
 from bayesgate.models.mc.dropout import mc_sampling
 from bayesgate.models.mc.engine import mc_predict
-from bayesgate.models.networks.dropout import build_network, preset_architecture
+from bayesgate.models.networks.registry import build_network, preset_architecture
 
 K = 10
 
@@ -92,7 +92,7 @@ def peak_memory_per_1k_rows(preset: str, rows: int, device: str) -> float:
     code = f"""
 import os, threading, time, torch
 from bayesgate.models.mc.engine import mc_predict
-from bayesgate.models.networks.dropout import build_network, preset_architecture
+from bayesgate.models.networks.registry import build_network, preset_architecture
 dev = torch.device({device!r})
 m = build_network(preset_architecture({preset!r})).to(dev).eval()
 x = torch.rand({rows} // {K}, 1, 28, 28, device=dev)

@@ -21,7 +21,7 @@ import torch
 from bayesgate.models.device import pick_device
 from bayesgate.models.mc.engine import mc_logits
 from bayesgate.models.mc.losses import bbalpha_softmax_loss, l2_penalty
-from bayesgate.models.networks.dropout import build_network, preset_architecture
+from bayesgate.models.networks.registry import build_network, preset_architecture
 
 
 def step_time(

@@ -14,7 +14,7 @@ import torch
 from bayesgate.models import adversarial_cli
 from bayesgate.models.device import DEVICE_CHOICES, pick_device, set_threads
 from bayesgate.models.networks.bbb.layers import SAMPLING_MODES
-from bayesgate.models.networks.dropout import build_network, preset_architecture, preset_names
+from bayesgate.models.networks.registry import build_network, preset_architecture, preset_names
 from bayesgate.models.store.directory import ModelCard, load_model, save_model, write_card
 from bayesgate.models.training.checkpoint import Checkpointing
 from bayesgate.models.training.train import (

@@ -8,23 +8,20 @@ Detector features (:mod:`bayesgate.models.detection`): ``feature_layers`` names 
 network exposes; ``head[:penultimate_at]`` gives the last hidden activations (before the final
 dropout), and the CNN's ``trunk_features`` turns the trunk output into per-channel means.
 
-Architectures are described by plain dicts (stored in the model card) and rebuilt with
-:func:`build_network`; named presets live in :data:`PRESETS`.
+The presets and the architecture dict → network registry are in
+:mod:`bayesgate.models.networks.registry`.
 """
 
 from __future__ import annotations
 
-import copy
 import itertools
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 from torch import nn
 
 from bayesgate.models.mc.dropout import MCDropout
-from bayesgate.models.networks.bbb.networks import BAYES_NETWORK_TYPES, BAYES_PRESETS
 
 MNIST_SHAPE = (1, 28, 28)
 
@@ -165,70 +162,3 @@ class WideDropoutCNN(_ConvDropoutNet):
         features = c2 * (h // 4) * (w // 4)
         self.head = dropout_head(features, hidden, classes, p)
         self.channels = c2
-
-
-NETWORK_TYPES: dict[str, type[nn.Module]] = {
-    "dropout_mlp": DropoutMLP,
-    "dropout_cnn": DropoutCNN,
-    "dropout_cnn_wide": WideDropoutCNN,
-    **BAYES_NETWORK_TYPES,  # Bayes-by-Backprop CNNs (bayesgate.models.networks.bbb.networks)
-}
-
-PRESETS: dict[str, dict[str, Any]] = {
-    "mlp-3x1000": {"type": "dropout_mlp", "hidden": [1000, 1000, 1000], "p": 0.5},
-    "mlp-4x1024": {"type": "dropout_mlp", "hidden": [1024, 1024, 1024, 1024], "p": 0.5},
-    "mlp-2x100": {"type": "dropout_mlp", "hidden": [100, 100], "p": 0.5},
-    "mlp-2x32": {"type": "dropout_mlp", "hidden": [32, 32], "p": 0.2},
-    "cnn": {"type": "dropout_cnn", "channels": 32, "hidden": 100, "p": 0.5},
-    # Madry et al.'s adversarial-training CNN (5×5 conv 32, 64, max-pooling), hidden 256
-    "cnn-wide": {"type": "dropout_cnn_wide", "channels": [32, 64], "hidden": 256, "p": 0.5},
-}
-DETERMINISTIC_SUFFIX = "-det"
-
-
-def preset_names(*, bbb: bool = False) -> list[str]:
-    """All dropout preset names, including the deterministic (``-det``) baselines; with
-    ``bbb=True`` also the Bayes-by-Backprop presets (which have no ``-det`` form)."""
-    names = [n for base in PRESETS for n in (base, base + DETERMINISTIC_SUFFIX)]
-    return names + list(BAYES_PRESETS) if bbb else names
-
-
-def preset_architecture(name: str, p: float | None = None) -> dict[str, Any]:
-    """Architecture dict of a preset; ``<preset>-det`` is the deterministic baseline.
-
-    A deterministic baseline is the same network trained by maximum likelihood (K=1, dropout as a
-    regulariser) and evaluated with dropout off.
-    """
-    if name in BAYES_PRESETS:
-        if p is not None:
-            raise ValueError(f"preset {name!r} has no dropout: a dropout rate p does not apply")
-        arch = {**copy.deepcopy(BAYES_PRESETS[name]), "preset": name, "stochastic": True}
-        return {**arch, "in_shape": list(MNIST_SHAPE), "classes": 10}
-    base, det = name, False
-    if name.endswith(DETERMINISTIC_SUFFIX):
-        base, det = name[: -len(DETERMINISTIC_SUFFIX)], True
-    if base not in PRESETS:
-        raise ValueError(
-            f"unknown preset {name!r}; choose one of {', '.join(preset_names(bbb=True))}"
-        )
-    arch = {**PRESETS[base], "preset": name, "stochastic": not det}
-    if p is not None:
-        arch["p"] = p
-    arch.setdefault("in_shape", list(MNIST_SHAPE))
-    arch.setdefault("classes", 10)
-    return arch
-
-
-def build_network(arch: dict[str, Any]) -> nn.Module:
-    """Rebuild a network from its architecture dict (as stored in a model card)."""
-    kwargs = {k: v for k, v in arch.items() if k not in ("type", "preset")}
-    try:
-        cls = NETWORK_TYPES[arch["type"]]
-    except KeyError as exc:
-        raise ValueError(
-            f"unknown network type {arch.get('type')!r}; known: {list(NETWORK_TYPES)}"
-        ) from exc
-    try:
-        return cls(**kwargs)
-    except TypeError as exc:
-        raise ValueError(f"architecture {arch} does not fit {cls.__name__}: {exc}") from exc

@@ -22,7 +22,7 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 from torch import nn
 
-from bayesgate.models.networks.dropout import build_network
+from bayesgate.models.networks.registry import build_network
 
 WEIGHTS_FILE = "model.safetensors"
 CARD_FILE = "card.json"

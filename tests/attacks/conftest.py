@@ -10,7 +10,7 @@ import pytest
 import torch
 from attacks_testnets import LinearNet
 
-from bayesgate.models.networks.dropout import build_network, preset_architecture
+from bayesgate.models.networks.registry import build_network, preset_architecture
 from bayesgate.models.store.directory import ModelCard, save_model
 from bayesgate.models.training.train import TrainConfig, train
 

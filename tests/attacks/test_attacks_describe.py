@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from bayesgate.attacks.sweep import describe
-from bayesgate.models.networks.dropout import build_network, preset_architecture
+from bayesgate.models.networks.registry import build_network, preset_architecture
 from bayesgate.models.store.directory import ModelCard, load_model, save_model
 
 

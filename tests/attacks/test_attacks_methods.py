@@ -17,7 +17,7 @@ from cleverhans.torch.attacks.projected_gradient_descent import projected_gradie
 from bayesgate.attacks.methods import CWL2, FGS, PGD, TargetedFGS
 from bayesgate.attacks.model_fn import log_predictive_fn
 from bayesgate.models.mc.engine import mc_log_predictive
-from bayesgate.models.networks.dropout import build_network, preset_architecture
+from bayesgate.models.networks.registry import build_network, preset_architecture
 
 
 def _images(n: int = 6, seed: int = 1) -> torch.Tensor:

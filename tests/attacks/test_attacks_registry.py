@@ -21,7 +21,7 @@ from bayesgate.attacks.model_fn import log_predictive_fn
 from bayesgate.attacks.run import run_attack
 from bayesgate.attacks.specs import build_attack, parse_attack
 from bayesgate.cli import main
-from bayesgate.models.networks.dropout import build_network, preset_architecture
+from bayesgate.models.networks.registry import build_network, preset_architecture
 
 # A spec with every parameter away from its default (and cheap to run), per registered attack: a
 # new attack must add one here, which the first test enforces.

@@ -13,7 +13,7 @@ from attacks_testnets import LinearNet
 from bayesgate.attacks.methods import FGS, TargetedFGS
 from bayesgate.attacks.run import NO_TARGET, choose_targets, run_attack
 from bayesgate.attacks.specs import DEFAULT_ATTACKS, parse_attack, parse_attacks
-from bayesgate.models.networks.dropout import build_network, preset_architecture
+from bayesgate.models.networks.registry import build_network, preset_architecture
 
 
 def test_spec_parse_fills_defaults_and_round_trips() -> None:

@@ -16,7 +16,7 @@ from bayesgate.models.data.mnist import load_mnist
 from bayesgate.models.mc.dropout import mc_sampling
 from bayesgate.models.mc.engine import mc_logits
 from bayesgate.models.mc.losses import bbalpha_softmax_loss
-from bayesgate.models.networks.dropout import build_network, preset_architecture
+from bayesgate.models.networks.registry import build_network, preset_architecture
 from bayesgate.models.training import checkpoint as ckpt
 from bayesgate.models.training.adversarial import (
     AdversarialBatch,

@@ -21,7 +21,7 @@ from bayesgate.models.networks.bbb.layers import (
     kl_divergence,
 )
 from bayesgate.models.networks.bbb.networks import BBBAlexNet, BBBLeNet5
-from bayesgate.models.networks.dropout import build_network, preset_architecture, preset_names
+from bayesgate.models.networks.registry import build_network, preset_architecture, preset_names
 from bayesgate.models.store.directory import ModelCard, load_model, save_model
 from bayesgate.models.training.train import TrainConfig, train
 

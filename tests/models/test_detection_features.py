@@ -8,7 +8,7 @@ from torch import nn
 
 from bayesgate.models.mc.dropout import mc_sampling
 from bayesgate.models.mc.engine import mc_logits_features, mc_predict, mc_predict_features
-from bayesgate.models.networks.dropout import build_network, preset_architecture
+from bayesgate.models.networks.registry import build_network, preset_architecture
 
 
 def _gen(seed: int) -> torch.Generator:

@@ -10,7 +10,8 @@ from torch import nn
 
 from bayesgate.models.mc.dropout import mc_sampling
 from bayesgate.models.mc.engine import mc_log_predictive, mc_logits, mc_predict
-from bayesgate.models.networks.dropout import DropoutMLP, build_network, preset_architecture
+from bayesgate.models.networks.dropout import DropoutMLP
+from bayesgate.models.networks.registry import build_network, preset_architecture
 
 
 def _gen(seed: int) -> torch.Generator:

@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import itertools
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
 from torch import nn
 
 from bayesgate.models.mc.dropout import MCDropout, mc_sampling
-from bayesgate.models.networks.dropout import (
-    DropoutCNN,
-    DropoutMLP,
-    build_network,
-    preset_architecture,
-    preset_names,
-)
+from bayesgate.models.networks.dropout import DropoutCNN, DropoutMLP
+from bayesgate.models.networks.registry import build_network, preset_architecture, preset_names
 
 BASES = ["mlp-3x1000", "mlp-4x1024", "mlp-2x100", "mlp-2x32", "cnn", "cnn-wide"]
 
@@ -159,6 +156,42 @@ def test_build_network_rejects_bad_architectures() -> None:
         build_network({"type": "dropout_mlp", "hidden": [0]})
     with pytest.raises(ValueError, match="dropout rate"):
         build_network({"type": "dropout_mlp", "hidden": [3], "p": 1.0})
+
+
+def test_registry_names_the_bbb_networks_it_imports_lazily() -> None:
+    from bayesgate.models.networks.bbb.networks import BAYES_NETWORK_TYPES, BAYES_PRESETS
+    from bayesgate.models.networks.registry import (
+        BBB_NETWORK_TYPES,
+        BBB_PRESET_NAMES,
+        network_class,
+        network_types,
+    )
+
+    assert set(BBB_NETWORK_TYPES) == set(BAYES_NETWORK_TYPES)
+    assert set(BBB_PRESET_NAMES) == set(BAYES_PRESETS)
+    assert set(network_types()) == {"dropout_mlp", "dropout_cnn", *BAYES_NETWORK_TYPES}
+    for name, cls in BAYES_NETWORK_TYPES.items():
+        assert network_class(name) is cls
+    for name in BBB_PRESET_NAMES:
+        assert preset_architecture(name)["type"] in BAYES_NETWORK_TYPES
+
+
+def test_dropout_networks_registry_and_store_do_not_import_bayes_by_backprop() -> None:
+    code = (
+        "import sys\n"
+        "from bayesgate.models.networks import build_network, preset_architecture, preset_names\n"
+        "import bayesgate.models.mc, bayesgate.models.store.directory\n"
+        "build_network(preset_architecture('cnn'))\n"
+        "assert 'bbb-lenet5' in preset_names(bbb=True)\n"
+        "before = sorted(m for m in sys.modules if '.bbb' in m)\n"
+        "build_network(preset_architecture('bbb-lenet5'))\n"
+        "after = sorted(m for m in sys.modules if '.bbb' in m)\n"
+        "print(before, 'bayesgate.models.networks.bbb.networks' in after)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert result.stdout.split() == ["[]", "True"]
 
 
 # ---------------------------------------------------------------- MCDropout

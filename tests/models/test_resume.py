@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from bayesgate.models.data.mnist import load_mnist
-from bayesgate.models.networks.dropout import build_network, preset_architecture
+from bayesgate.models.networks.registry import build_network, preset_architecture
 from bayesgate.models.training import checkpoint as ckpt
 from bayesgate.models.training.train import HISTORY_FILE, TrainConfig, train
 

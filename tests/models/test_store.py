@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from bayesgate.models.networks.dropout import build_network, preset_architecture
+from bayesgate.models.networks.registry import build_network, preset_architecture
 from bayesgate.models.store.directory import (
     CARD_FILE,
     CARD_FORMAT,

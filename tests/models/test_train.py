@@ -12,7 +12,7 @@ import torch
 
 from bayesgate.models.data.mnist import load_mnist
 from bayesgate.models.mc.engine import mc_predict
-from bayesgate.models.networks.dropout import build_network, preset_architecture
+from bayesgate.models.networks.registry import build_network, preset_architecture
 from bayesgate.models.training.evaluate import evaluate, expected_calibration_error, metrics_from_mc
 from bayesgate.models.training.train import TrainConfig, train
 

@@ -23,7 +23,7 @@ from fastapi import FastAPI
 from bayesgate.models.data.mnist import load_mnist
 from bayesgate.models.mc.engine import mc_predict
 from bayesgate.models.mc.uncertainty import SCORES
-from bayesgate.models.networks.dropout import build_network, preset_architecture
+from bayesgate.models.networks.registry import build_network, preset_architecture
 from bayesgate.models.store.calibration import Calibration, write_calibration
 from bayesgate.models.store.directory import ModelCard, save_model
 from bayesgate.models.training.train import TrainConfig, train
