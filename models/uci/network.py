@@ -32,7 +32,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from bayesgate.models.mc.losses import gaussian_log_likelihood
+from bayesgate.models.mc.losses import gaussian_log_likelihood, tilted_energy
 
 DEFAULT_MAX_ROWS = 1 << 18  # rows (member × example × sample) per prediction chunk
 
@@ -141,7 +141,8 @@ def grouped_alpha_energy(log_lik: torch.Tensor, alphas: torch.Tensor) -> torch.T
     """BB-α energies ``G×B`` from ``G×B×K`` log-likelihoods, member g with its own ``α_g``.
 
     ``−(1/α_g)·(logsumexp_k(α_g·ℓ_gnk) − log K)``, or ``−mean_k ℓ_gnk`` where ``α_g = 0``
-    (row by row identical to :func:`bayesgate.models.mc.losses.alpha_energy`).
+    (row by row identical to :func:`bayesgate.models.mc.losses.alpha_energy`; computed by its
+    cancellation-free :func:`~bayesgate.models.mc.losses.tilted_energy`).
     """
     if log_lik.dim() != 3 or alphas.shape != log_lik.shape[:1]:
         raise ValueError(
@@ -152,9 +153,7 @@ def grouped_alpha_energy(log_lik: torch.Tensor, alphas: torch.Tensor) -> torch.T
         raise ValueError(f"alpha must be ≥ 0, got {alphas.tolist()}")
     positive = (alphas > 0).view(-1, 1)
     safe = torch.where(positive, alphas.view(-1, 1), torch.ones_like(positive, dtype=alphas.dtype))
-    k = log_lik.shape[2]
-    tilted = -(torch.logsumexp(safe.unsqueeze(2) * log_lik, dim=2) - math.log(k)) / safe
-    return torch.where(positive, tilted, -log_lik.mean(dim=2))
+    return torch.where(positive, tilted_energy(log_lik, safe), -log_lik.mean(dim=2))
 
 
 def grouped_bbalpha_loss(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import mpmath
 import numpy as np
 import pytest
 import torch
@@ -179,6 +180,57 @@ def test_alpha_energy_bruteforce() -> None:
         for n in range(4):
             ref = -(1 / alpha) * math.log(sum(math.exp(alpha * v) for v in log_lik[n].tolist()) / 6)
             assert got[n].item() == pytest.approx(ref, rel=1e-12)
+
+
+def _energy_reference(log_lik: torch.Tensor, alpha: float) -> list[float]:
+    """``−(1/α)·log((1/K) Σ_k exp(α·ℓ_nk))`` per row in 40-digit arithmetic (mpmath)."""
+    with mpmath.workdps(40):
+        a = mpmath.mpf(alpha)
+        return [
+            float(
+                -mpmath.log(mpmath.fsum(mpmath.exp(a * mpmath.mpf(v)) for v in row) / len(row)) / a
+            )
+            for row in log_lik.double().tolist()
+        ]
+
+
+def _float32_log_lik(k: int, seed: int = 0) -> torch.Tensor:
+    """``ℓ_nk = log softmax(z)[0]`` of spread-out float32 logits: values from ≈ −0.01 to −20."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.log_softmax(torch.randn(64, k, 10, generator=g) * 3, dim=-1)[:, :, 0]
+
+
+@pytest.mark.parametrize("k", [3, 10])
+@pytest.mark.parametrize("alpha", [1e-8, 1e-6, 1e-4, 0.5])
+def test_small_alpha_energy_is_accurate_in_float32(alpha: float, k: int) -> None:
+    # logsumexp(α·ℓ) − log K in float32 was 4–5 % off at α = 1e-6 and 100 % at 1e-8
+    log_lik = _float32_log_lik(k)
+    got = alpha_energy(log_lik, alpha)
+    assert got.dtype == torch.float32
+    ref = torch.tensor(_energy_reference(log_lik, alpha), dtype=torch.float64)
+    assert torch.allclose(got.double(), ref, rtol=1e-5, atol=0)
+
+
+def test_energy_tends_to_the_vi_value_with_the_analytic_slope() -> None:
+    # L(α) = −mean_k ℓ − (α/2)·Var_k(ℓ) + O(α²) (cumulant expansion of log mean exp(αℓ))
+    log_lik = _float32_log_lik(10, seed=1)
+    at_zero = alpha_energy(log_lik, 0.0)
+    for alpha in (1e-10, 1e-8):
+        assert torch.allclose(alpha_energy(log_lik, alpha), at_zero, rtol=1e-6, atol=0)
+    ll64 = log_lik.double()
+    slope = (alpha_energy(ll64, 1e-6) - alpha_energy(ll64, 0.0)) / 1e-6
+    half_var = ll64.var(dim=1, unbiased=False) / 2
+    assert torch.allclose(slope, -half_var, rtol=1e-4, atol=0)
+
+
+@pytest.mark.parametrize("alpha", [1e-6, 0.5, 3.0])
+def test_energy_gradient_is_minus_the_tilted_weights(alpha: float) -> None:
+    # ∂L_n/∂ℓ_nk = −w_nk, w_nk = softmax_k(α·ℓ_nk): the passes weighted by p_k(y)^α
+    log_lik = _float32_log_lik(5, seed=2).double().requires_grad_(True)
+    alpha_energy(log_lik, alpha).sum().backward()
+    weights = torch.softmax(alpha * log_lik.detach(), dim=1)
+    # autograd's expm1′ = expm1 + 1 leaves the tiny weights an absolute error of float64's ulp
+    assert torch.allclose(log_lik.grad, -weights, rtol=1e-10, atol=1e-15)
 
 
 # ---------------------------------------------------------------- regression
