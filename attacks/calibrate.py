@@ -94,9 +94,9 @@ def calibrate(
 ) -> CalibrationRun:
     """Calibrate ``loaded`` (see the module docstring); nothing is written here.
 
-    ``k`` = MC samples of the scores (default the card's ``inference["k_test"]``), which the
+    ``k`` = MC samples of the scores (default the card's ``inference.k_test``), which the
     service must use too; ``k_attack`` = samples in the attacked log-predictive (default the
-    card's ``inference["k_attack"]``, 10 as in the paper). ``score_fn``: the per-example scores.
+    card's ``inference.k_attack``, 10 as in the paper). ``score_fn``: the per-example scores.
     """
     from bayesgate.models.data.mnist import load_mnist
 
@@ -156,11 +156,11 @@ def _settings(
             f"{card.name} is deterministic: its K passes agree, so {score} is 0 for every input; "
             "calibrate it on predictive_entropy"
         )
-    k = int(k if k is not None else card.inference.get("k_test", 100))
-    k_attack = int(k_attack if k_attack is not None else card.inference.get("k_attack", 10))
+    k = int(k if k is not None else card.inference.k_test)
+    k_attack = int(k_attack if k_attack is not None else card.inference.k_attack)
     if k < 1 or k_attack < 1:
         raise ValueError(f"k and k_attack must be ≥ 1, got {k} and {k_attack}")
-    val_size = int(card.training.get("val_size", 10_000))
+    val_size = card.training.val_size
     if val_size <= 0:
         raise ValueError(
             f"model {card.name} was trained without a validation split (val_size 0): there are "

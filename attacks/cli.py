@@ -159,10 +159,9 @@ def cmd_attack(args: argparse.Namespace) -> int:
         _positive(name.replace("_", "-"), getattr(args, name))
     device = pick_device(args.device)
     loaded = load_model(args.model, device)
-    k = args.k or int(loaded.card.inference.get("k_attack", 10))
-    k_eval = args.k_eval or int(loaded.card.inference.get("k_test", 100))
-    val_size = int(loaded.card.training.get("val_size", 10_000))
-    x, y = load_mnist(args.split, val_size=val_size, limit=args.limit)
+    k = args.k or loaded.card.inference.k_attack
+    k_eval = args.k_eval or loaded.card.inference.k_test
+    x, y = load_mnist(args.split, val_size=loaded.card.training.val_size, limit=args.limit)
     t0 = time.perf_counter()
     outcome = run_attack(
         loaded.network,

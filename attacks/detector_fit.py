@@ -90,7 +90,7 @@ def fit_detector(
     settings.check()
     run = _FitRun(loaded, settings, torch.device(device), progress)
     card = loaded.card
-    val_size = int(card.training.get("val_size", 10_000))
+    val_size = card.training.val_size
     if val_size < settings.fit_images + settings.threshold_images:
         raise ValueError(
             f"the validation split has {val_size} images; fit-images + threshold-images = "
@@ -176,8 +176,8 @@ class _FitRun:
     ) -> None:
         card = loaded.card
         self.loaded, self.settings, self.device, self.progress = loaded, settings, device, progress
-        self.k = int(settings.k or card.inference.get("k_test", 100))
-        self.k_attack = int(settings.k_attack or card.inference.get("k_attack", 10))
+        self.k = settings.k or card.inference.k_test
+        self.k_attack = settings.k_attack or card.inference.k_attack
         self.attacks = parse_attacks(list(settings.attacks))
 
     def log(self, message: str) -> None:

@@ -54,7 +54,7 @@ def describe(loaded: LoadedModel) -> dict[str, Any]:
     card = loaded.card
     arch = card.architecture
     kind = _KINDS.get(arch.get("type", ""), str(arch.get("type", "net")))
-    alpha = card.training.get("alpha")
+    alpha = card.training.alpha
     if card.stochastic:
         label = f"{kind} α={alpha:g}" if alpha is not None else f"{kind} {card.name}"
     else:

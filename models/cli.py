@@ -201,7 +201,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         batch_transform=transform,
     )
     card = _model_card(name, arch, config, args, result, int(train_data[0].shape[0]), device)
-    card.training["command"] = command_line(args)
+    card.training.command = command_line(args)
     save_model(model, card, out)
     print(json.dumps({"model": str(out), "val": result.val_metrics}, indent=2))
     return 0
@@ -294,11 +294,7 @@ def _model_card(
         metrics={"val": result.val_metrics},
     )
     if args.adversarial is not None:
-        card.training["adversarial"] = adversarial_cli.adversarial_config(
-            args, config.alpha
-        ).as_dict()
-    if "sampling" in arch:  # the service adds Kwon et al.'s aleatoric/epistemic split for BBB
-        card.inference["variance_decomposition"] = "kwon"
+        card.training.adversarial = adversarial_cli.adversarial_config(args, config.alpha).as_dict()
     return card
 
 
@@ -309,9 +305,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     device = pick_device(args.device)
     loaded = load_model(args.model, device)
-    x, y = load_mnist(
-        args.split, val_size=loaded.card.training.get("val_size", 10_000), limit=args.limit
-    )
+    x, y = load_mnist(args.split, val_size=loaded.card.training.val_size, limit=args.limit)
     probs, log_probs = collect_mc(
         loaded.network,
         x,
@@ -336,7 +330,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         "command": command_line(args, positional=("model",), omit=("json", "write_card")),
         "weights_sha256": loaded.card.weights_sha256,
         "stochastic": loaded.card.stochastic,
-        "training": loaded.card.training,
+        "training": loaded.card.training.model_dump(mode="json"),
     }
     text = json.dumps(report, indent=2)
     print(text)

@@ -106,12 +106,11 @@ class ServedModel:
     @property
     def input_shape(self) -> tuple[int, ...]:
         """Shape of one input image from the card's input spec, e.g. ``(1, 28, 28)``."""
-        return tuple(int(d) for d in self.card.input.get("shape", (1, 28, 28)))
+        return tuple(self.card.input.shape)
 
     @property
     def input_range(self) -> tuple[float, float]:
-        lo, hi = self.card.input.get("range", (0.0, 1.0))
-        return float(lo), float(hi)
+        return self.card.input.range
 
     def summary(self) -> dict[str, Any]:
         """The card and calibration summary a client needs to trust the adversarial flag."""
@@ -120,7 +119,7 @@ class ServedModel:
             "name": self.card.name,
             "weights_sha256": self.card.weights_sha256,
             "device": str(self.device),
-            "card": asdict(self.card),
+            "card": self.card.to_dict(),
             "calibration": {
                 "score": decision.score,
                 "threshold": decision.threshold,
@@ -186,9 +185,6 @@ def load_served_model(directory: Path | str, device: str = "auto") -> ServedMode
         detector = _referenced_detector(directory, calibration, loaded.card.weights_sha256)
     except ModelStoreError as exc:
         raise StartupError(str(exc)) from exc
-    shape = loaded.card.input.get("shape")
-    if not (isinstance(shape, list) and shape and all(isinstance(d, int) and d > 0 for d in shape)):
-        raise StartupError(f"{directory / 'card.json'}: input.shape must be a list of sizes")
     return ServedModel(
         network=loaded.network,
         card=loaded.card,

@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bayesgate.errors import DataError
+
 DATA_DIR_ENV = "BAYESGATE_DATA_DIR"
 IMAGES_MAGIC = 0x00000803  # IDX: unsigned bytes, 3 dimensions (count, rows, cols)
 LABELS_MAGIC = 0x00000801  # IDX: unsigned bytes, 1 dimension (count)
@@ -40,10 +42,6 @@ VAL_SPLIT_SEED = b"bayesgate/mnist/val-split/v1:"
 # sha256 of the four decompressed IDX files concatenated in MNIST_FILES order, i.e.
 # `for f in train-images train-labels t10k-images t10k-labels; do zcat $f-*.gz; done | sha256sum`
 MNIST_FINGERPRINT = "b2d8f5bf39174ee5ffeefa97e42d673c35432b411bb5d1f74fbbeddae7f1690a"
-
-
-class DataError(Exception):
-    """A data file is missing, malformed or could not be downloaded (one-line message)."""
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """Model store: one directory per model holding ``model.safetensors`` and ``card.json``.
 
-The card records everything needed to rebuild the network (architecture dict), how it was trained,
-its input spec, metrics and the sha256 of the weights file. Loading rebuilds the network from the
-card, verifies the sha256 and loads the weights with safetensors — no pickle is ever read.
+The card (:mod:`bayesgate.models.store.card`) records everything needed to rebuild the network
+(architecture dict), how it was trained, its input spec, metrics and the sha256 of the weights
+file. Loading rebuilds the network from the card, verifies the sha256 and loads the weights with
+safetensors — no pickle is ever read.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import hashlib
 import json
 import os
 import subprocess
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,57 +23,27 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 from torch import nn
 
+from bayesgate.errors import ModelStoreError
 from bayesgate.models.networks.registry import build_network
+from bayesgate.models.store.card import CARD_FORMAT, ModelCard
+
+__all__ = [  # the card and the error are re-exported for the store's users
+    "CALIBRATION_FILE",
+    "CARD_FILE",
+    "CARD_FORMAT",
+    "WEIGHTS_FILE",
+    "LoadedModel",
+    "ModelCard",
+    "ModelStoreError",
+    "load_model",
+    "read_card",
+    "save_model",
+    "write_card",
+]
 
 WEIGHTS_FILE = "model.safetensors"
 CARD_FILE = "card.json"
 CALIBRATION_FILE = "calibration.json"
-CARD_FORMAT = "bayesgate-model/1"
-
-
-class ModelStoreError(Exception):
-    """A model directory is missing, incomplete, tampered with or inconsistent."""
-
-
-@dataclass
-class ModelCard:
-    """Metadata stored next to the weights (``card.json``)."""
-
-    name: str
-    architecture: dict[str, Any]
-    input: dict[str, Any] = field(
-        default_factory=lambda: {"shape": [1, 28, 28], "dtype": "float32", "range": [0.0, 1.0]}
-    )
-    classes: list[str] = field(default_factory=lambda: [str(i) for i in range(10)])
-    training: dict[str, Any] = field(default_factory=dict)
-    inference: dict[str, Any] = field(default_factory=lambda: {"k_test": 100, "k_attack": 10})
-    metrics: dict[str, Any] = field(default_factory=dict)
-    weights_sha256: str = ""
-    code_version: str = ""
-    created: str = ""
-    format: str = CARD_FORMAT
-
-    @property
-    def stochastic(self) -> bool:
-        return bool(self.architecture.get("stochastic", True))
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=False) + "\n"
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "card") -> ModelCard:
-        if data.get("format") != CARD_FORMAT:
-            raise ModelStoreError(
-                f"{source}: unsupported card format {data.get('format')!r}, "
-                f"expected {CARD_FORMAT!r}"
-            )
-        known = set(cls.__dataclass_fields__)
-        missing = {"name", "architecture", "weights_sha256"} - set(data)
-        if missing:
-            raise ModelStoreError(
-                f"{source}: card lacks required field(s) {', '.join(sorted(missing))}"
-            )
-        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 @dataclass

@@ -43,9 +43,12 @@ def _train_tiny(preset: str, out: Path, epochs: int) -> Path:
         train(net, (x, y), None, config, progress=False)
     finally:
         torch.set_num_threads(threads)
-    card = ModelCard(name=f"tiny-{preset}", architecture=arch, training={**vars(config)})
-    card.training["val_size"] = 10_000
-    card.inference = {"k_test": 30, "k_attack": 10}
+    card = ModelCard(
+        name=f"tiny-{preset}",
+        architecture=arch,
+        training={**vars(config), "val_size": 10_000},
+        inference={"k_test": 30, "k_attack": 10},
+    )
     save_model(net, card, out)
     return out
 

@@ -249,7 +249,7 @@ def test_cli_trains_and_evaluates_a_bbb_preset(
     assert card["architecture"]["sampling"] == "weights"
     assert card["training"]["loss"] == "elbo" and card["training"]["alpha"] == 0.0
     assert card["training"]["beta_schedule"] == "uniform"
-    assert card["inference"]["variance_decomposition"] == "kwon"
+    assert card["inference"] == {"k_test": 100, "k_attack": 10}
     capsys.readouterr()
     assert main(["evaluate", str(out), "--k", "3", "--limit", "40", "--no-progress"]) == 0
     report = json.loads(capsys.readouterr().out)

@@ -75,17 +75,17 @@ def test_train_writes_a_loadable_model(trained, mnist_root: Path) -> None:
     assert card.name == "mlp-2x32-alpha0.5"
     assert card.architecture["preset"] == "mlp-2x32"
     training = card.training
-    assert training["alpha"] == 0.5
-    assert training["k_train"] == 10
-    assert training["epochs"] == 1 and training["epochs_run"] == 1
-    assert training["train_images"] == 1000
-    assert training["val_size"] == 1000
-    assert training["data"] == "mnist"
+    assert training.alpha == 0.5
+    assert training.k_train == 10
+    assert training.epochs == 1 and training.epochs_run == 1
+    assert training.train_images == 1000
+    assert training.val_size == 1000
+    assert training.data == "mnist"
     # data_sha256: sha256 of the four decompressed IDX files in order, computed here by hand
     digest = hashlib.sha256()
     for name in MNIST_ORDER:
         digest.update(gzip.decompress((mnist_root / "mnist" / name).read_bytes()))
-    assert training["data_sha256"] == digest.hexdigest() == MNIST_FINGERPRINT
+    assert training.data_sha256 == digest.hexdigest() == MNIST_FINGERPRINT
     # the validation metrics of the run, also printed as JSON on stdout
     report = json.loads(stdout)
     assert report["model"] == str(out)
@@ -107,8 +107,8 @@ def test_train_alpha_and_det_names(tmp_path: Path, data_env: None) -> None:
     card = read_card(tmp_path)
     assert card.name == "mlp-2x32-det"
     assert card.architecture["stochastic"] is False
-    assert card.training["k_train"] == 1  # deterministic baselines train with K = 1
-    assert card.training["alpha"] == 0.0
+    assert card.training.k_train == 1  # deterministic baselines train with K = 1
+    assert card.training.alpha == 0.0
 
 
 def test_evaluate_writes_metrics_into_the_card(trained, tmp_path: Path, data_env: None) -> None:
@@ -225,7 +225,7 @@ def test_train_resume_continues_to_the_same_weights(tmp_path: Path, data_env: No
     assert _run([*first, "--epochs", "2", "--resume"])[0] == 0
     once, twice = _weights(tmp_path / "once"), _weights(tmp_path / "twice")
     assert all(torch.equal(once[k], twice[k]) for k in once)
-    assert load_model(tmp_path / "twice").card.training["momentum"] == 0
+    assert load_model(tmp_path / "twice").card.training.momentum == 0
     # the default checkpoint folder of a run without --checkpoint-dir is in the user cache
     assert (tmp_path / "cache" / "bayesgate" / "checkpoints" / "mlp-2x32-alpha0.5").is_dir()
 

@@ -6,7 +6,6 @@ import datetime as dt
 import hashlib
 import json
 import re
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -64,12 +63,13 @@ def test_round_trip_gives_identical_outputs_and_card(tmp_path: Path, preset: str
         assert torch.equal(loaded.network(x), net(x))
     for name, tensor in net.state_dict().items():
         assert torch.equal(loaded.network.state_dict()[name], tensor)
-    assert asdict(loaded.card) == asdict(written)
-    assert asdict(read_card(tmp_path)) == asdict(written)
-    assert loaded.card.training == {"alpha": 0.5, "k_train": 10, "epochs": 1}
+    assert loaded.card == written
+    assert read_card(tmp_path) == written
+    assert loaded.card.training.alpha == 0.5 and loaded.card.training.k_train == 10
+    assert loaded.card.training.model_extra == {"epochs": 1}
     assert loaded.card.metrics == {"val": {"accuracy": 0.91, "nll": 0.3}}
-    assert loaded.card.inference == {"k_test": 100, "k_attack": 10}
-    assert loaded.card.input == {"shape": [1, 28, 28], "dtype": "float32", "range": [0.0, 1.0]}
+    assert (loaded.card.inference.k_test, loaded.card.inference.k_attack) == (100, 10)
+    assert loaded.card.input.shape == [1, 28, 28] and loaded.card.input.range == (0.0, 1.0)
     assert loaded.card.classes == [str(i) for i in range(10)]
     assert loaded.card.format == CARD_FORMAT
     assert loaded.card.stochastic is (not preset.endswith("-det"))
@@ -265,4 +265,4 @@ def test_write_card_updates_metadata_only(saved) -> None:
 def test_unknown_card_fields_are_ignored(saved) -> None:
     _, card, directory = saved
     _edit_card(directory, future_field={"x": 1})
-    assert asdict(read_card(directory)) == asdict(card)
+    assert read_card(directory) == card

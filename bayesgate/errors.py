@@ -1,0 +1,25 @@
+"""The errors a user can fix: the ``bayesgate`` command prints them as one line (exit code 2).
+
+Everything else — a bug in our code, in torch or in numpy — keeps its traceback. Raise a
+:class:`UserError` (or a subclass) only where the message names the input to change: a flag, a
+value, a path, a file. ``bayesgate --debug`` shows the traceback of user errors too.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """A problem with the user's input, explained by the message alone."""
+
+
+class InvalidArgument(UserError, ValueError):
+    """A flag, parameter or value outside what is accepted (also a ``ValueError``, so callers
+    that check arguments with ``except ValueError`` keep working)."""
+
+
+class DataError(UserError):
+    """A data file is missing, malformed or could not be downloaded (one-line message)."""
+
+
+class ModelStoreError(UserError):
+    """A model directory is missing, incomplete, tampered with or inconsistent."""
