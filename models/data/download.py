@@ -8,7 +8,8 @@ lists each
 mirror's error on one line.
 
 Mirrors: the ``mirrors`` argument, else ``$BAYESGATE_MNIST_MIRRORS`` (comma-separated base URLs),
-else :data:`DEFAULT_MIRRORS`. ``http``, ``https`` and ``file`` URLs are accepted.
+else :data:`~bayesgate.models.data.settings.DEFAULT_MIRRORS` (read by
+:mod:`bayesgate.models.data.settings`). ``http``, ``https`` and ``file`` URLs are accepted.
 """
 
 from __future__ import annotations
@@ -37,13 +38,10 @@ from bayesgate.models.data.mnist import (
     find_mnist_file,
     mnist_dir,
 )
+from bayesgate.models.data.settings import DEFAULT_MIRRORS, MIRRORS_ENV, data_settings
 
-MIRRORS_ENV = "BAYESGATE_MNIST_MIRRORS"
-DEFAULT_MIRRORS: tuple[str, ...] = (
-    "https://ossci-datasets.s3.amazonaws.com/mnist/",
-    "https://storage.googleapis.com/cvdf-datasets/mnist/",
-    "http://yann.lecun.com/exdb/mnist/",
-)
+__all__ = ["DEFAULT_MIRRORS", "MIRRORS_ENV", "download_file", "download_mnist", "resolve_mirrors"]
+
 DEFAULT_TIMEOUT = 30.0  # seconds, per connection attempt and per read
 USER_AGENT = "bayesgate-data/0.1 (python-urllib)"
 _SCHEMES = ("http", "https", "file")
@@ -60,8 +58,7 @@ def resolve_mirrors(mirrors: Sequence[str] | None = None) -> list[str]:
     Blank entries are dropped and every URL gets a trailing slash.
     """
     if mirrors is None:
-        env = os.environ.get(MIRRORS_ENV, "")
-        mirrors = env.split(",") if env.strip() else DEFAULT_MIRRORS
+        mirrors = data_settings().mnist_mirrors
     urls = [m.strip() for m in mirrors if m.strip()]
     if not urls:
         raise DataError("no MNIST download mirrors given")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import gzip
 import hashlib
-import os
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +21,8 @@ import numpy as np
 import torch
 
 from bayesgate.errors import DataError
+from bayesgate.models.data.settings import DATA_DIR_ENV, data_settings
 
-DATA_DIR_ENV = "BAYESGATE_DATA_DIR"
 IMAGES_MAGIC = 0x00000803  # IDX: unsigned bytes, 3 dimensions (count, rows, cols)
 LABELS_MAGIC = 0x00000801  # IDX: unsigned bytes, 1 dimension (count)
 IMAGE_SIZE = 28
@@ -116,18 +115,13 @@ def data_dir() -> Path:
     The cache directory is ``$XDG_CACHE_HOME/bayesgate/data`` (``~/.cache/bayesgate/data`` when
     XDG_CACHE_HOME is unset or not absolute). MNIST files live in its ``mnist/`` subfolder.
     """
-    env = os.environ.get(DATA_DIR_ENV, "").strip()
-    if env:
-        return Path(os.path.abspath(Path(env).expanduser()))
-    return cache_dir() / "data"
+    return data_settings().data_root
 
 
 def cache_dir() -> Path:
     """``$XDG_CACHE_HOME/bayesgate`` (``~/.cache/bayesgate`` when XDG_CACHE_HOME is unset or not
     absolute): data, and training checkpoints under ``checkpoints/``."""
-    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
-    cache = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
-    return cache / "bayesgate"
+    return data_settings().cache_root
 
 
 def mnist_dir(root: Path | None = None) -> Path:
@@ -177,11 +171,6 @@ def read_file_bytes(path: Path) -> bytes:
     except OSError as e:
         raise DataError(f"{path}: cannot read file ({e.strerror or e})") from e
     return _read_cached(str(path.resolve()), st.st_mtime_ns, st.st_size)
-
-
-def clear_cache() -> None:
-    """Forget the in-process cache of file contents."""
-    _read_cached.cache_clear()
 
 
 def _parse_idx(data: bytes, path: Path, magic: int, ndim: int) -> np.ndarray:
