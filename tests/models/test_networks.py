@@ -169,7 +169,12 @@ def test_registry_names_the_bbb_networks_it_imports_lazily() -> None:
 
     assert set(BBB_NETWORK_TYPES) == set(BAYES_NETWORK_TYPES)
     assert set(BBB_PRESET_NAMES) == set(BAYES_PRESETS)
-    assert set(network_types()) == {"dropout_mlp", "dropout_cnn", *BAYES_NETWORK_TYPES}
+    assert set(network_types()) == {
+        "dropout_mlp",
+        "dropout_cnn",
+        "dropout_cnn_wide",
+        *BAYES_NETWORK_TYPES,
+    }
     for name, cls in BAYES_NETWORK_TYPES.items():
         assert network_class(name) is cls
     for name in BBB_PRESET_NAMES:
