@@ -13,6 +13,7 @@ in the :func:`attack_registry` call below.
 | ``cw`` | :class:`CWL2` | untargeted Carlini–Wagner L2 |
 | ``apgd`` | :class:`APGD` | Auto-PGD with the CE or DLR loss (Croce & Hein 2020) |
 | ``pgd-restarts`` | :class:`PGDRestarts` | L∞ PGD with random restarts, largest-loss iterate kept |
+| ``square`` | :class:`Square` | black-box L∞ Square Attack (queries only, no gradients) |
 
 cleverhans is imported when an attack runs, so parsing specs and building the CLI work without the
 ``[attacks]`` extra.
@@ -26,9 +27,12 @@ from bayesgate.attacks.methods.cw import CWL2
 from bayesgate.attacks.methods.fgs import FGS
 from bayesgate.attacks.methods.pgd import PGD
 from bayesgate.attacks.methods.pgd_restarts import PGDRestarts
+from bayesgate.attacks.methods.square import Square
 from bayesgate.attacks.methods.targeted import TargetedFGS
 
-ATTACKS: dict[str, type[Attack]] = attack_registry(FGS, TargetedFGS, PGD, CWL2, APGD, PGDRestarts)
+ATTACKS: dict[str, type[Attack]] = attack_registry(
+    FGS, TargetedFGS, PGD, CWL2, APGD, PGDRestarts, Square
+)
 """Spec name → attack class, in the order help texts list them."""
 
 __all__ = [
@@ -40,6 +44,7 @@ __all__ = [
     "Attack",
     "AttackInput",
     "PGDRestarts",
+    "Square",
     "StepCallback",
     "TargetedFGS",
 ]

@@ -1,0 +1,182 @@
+"""The attacks the detector never sees (PGD, CW-L2, black-box Square) and the OOD input sets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from bayesgate.attacks.methods import CWL2, PGD, Square
+from bayesgate.attacks.methods.square import margin, p_schedule
+from bayesgate.attacks.model_fn import log_predictive_fn
+from bayesgate.attacks.ood import OOD_SETS, ood_images
+from bayesgate.attacks.run import mc_predictions, run_attack
+from bayesgate.attacks.specs import parse_attack
+from bayesgate.models.data.mnist import load_mnist
+from bayesgate.models.store.directory import load_model
+
+N_IMAGES = 150
+
+
+class _NoBackward(torch.autograd.Function):
+    """Identity whose backward raises: a model built on it cannot be differentiated."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise AssertionError("backward called on a black-box model")
+
+
+class _BlackBox:
+    """Wraps a network's log-predictive; fails if gradients are enabled or backward is called."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.calls = 0
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # a plain callable for the attack
+        assert not torch.is_grad_enabled(), "the black-box attack queried with autograd on"
+        self.calls += 1
+        return self.fn(_NoBackward.apply(x))
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir: Path) -> tuple[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The tiny trained MLP, test images, labels and its K=30 clean predictions."""
+    net = load_model(tiny_model_dir).network
+    x, y = load_mnist("test", limit=N_IMAGES)
+    _, pred = mc_predictions(net, x, 30, seed=1)
+    return net, x, y, pred
+
+
+def _success(net: nn.Module, x_adv: torch.Tensor, y: torch.Tensor, pred: torch.Tensor) -> float:
+    """Misclassified after the attack among the correctly classified (fresh masks, K = 30)."""
+    _, adv_pred = mc_predictions(net, x_adv, 30, seed=2)
+    eligible = pred == y
+    return float(((adv_pred != y) & eligible).sum() / eligible.sum())
+
+
+def _random_signs(x: torch.Tensor, eps: float, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    signs = torch.randint(0, 2, x.shape, generator=g).float() * 2 - 1
+    return (x + eps * signs).clamp(0, 1)
+
+
+def _random_l2(x: torch.Tensor, norms: torch.Tensor, seed: int = 0) -> torch.Tensor:
+    """``x`` plus a random direction of the given per-image L2 norm, clipped."""
+    g = torch.Generator().manual_seed(seed)
+    d = torch.randn(x.shape, generator=g)
+    d = d / d.flatten(1).norm(dim=1).view(-1, 1, 1, 1) * norms.view(-1, 1, 1, 1)
+    return (x + d).clamp(0, 1)
+
+
+def test_p_schedule_follows_the_reference_halvings() -> None:
+    assert p_schedule(0.8, 0, 10_000) == 0.8
+    assert p_schedule(0.8, 10, 10_000) == 0.8  # halves only after iteration 10
+    assert p_schedule(0.8, 11, 10_000) == 0.4
+    assert p_schedule(0.8, 51, 10_000) == 0.2
+    assert p_schedule(0.8, 9999, 10_000) == pytest.approx(0.8 / 512)
+    assert p_schedule(0.8, 2, 1000) == 0.4  # rescaled: 2/1000 of the budget = iteration 20
+
+
+def test_margin_by_hand() -> None:
+    log_p = torch.tensor([[-0.1, -2.0, -3.0], [-2.0, -0.5, -1.0]])
+    m = margin(log_p, torch.tensor([0, 0]))
+    assert torch.allclose(m, torch.tensor([-0.1 + 2.0, -2.0 + 0.5]))
+
+
+def test_square_stays_in_box_and_ball_and_never_differentiates(tiny) -> None:
+    net, x, _, pred = tiny
+    box = _BlackBox(log_predictive_fn(net, 10, generator=torch.Generator().manual_seed(0)))
+    eps = 0.2
+    adv = Square(eps=eps, queries=60)(box, x, pred, generator=torch.Generator().manual_seed(3))
+    assert adv.shape == x.shape
+    assert adv.min() >= 0.0 and adv.max() <= 1.0
+    assert (adv - x).abs().max() <= eps + 1e-6
+    assert not adv.requires_grad
+    assert 1 < box.calls <= 60  # the budget bounds the queries (init + iterations)
+
+
+def test_square_stops_attacking_once_confidently_misclassified(linear_net) -> None:
+    # a deterministic linear net: images already misclassified by margin > κ use one query only
+    x = torch.rand(4, 1, 4, 4, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits = linear_net(x)
+    wrong = logits.argmin(dim=1)  # "label" = the least likely class: margin ≪ 0 from the start
+    box = _BlackBox(lambda z: torch.log_softmax(linear_net(z), dim=1))
+    Square(eps=0.01, queries=50, confidence=0.0)(box, x, wrong)
+    assert box.calls == 1
+
+
+def test_square_beats_random_signs_of_the_same_size(tiny) -> None:
+    net, x, y, pred = tiny
+    eps = 0.25
+    model_fn = log_predictive_fn(net, 10, generator=torch.Generator().manual_seed(0))
+    adv = Square(eps=eps, queries=100)(
+        model_fn, x, pred, generator=torch.Generator().manual_seed(1)
+    )
+    square, baseline = _success(net, adv, y, pred), _success(net, _random_signs(x, eps), y, pred)
+    assert square > baseline + 0.1, (square, baseline)
+
+
+def test_pgd_beats_random_signs_of_the_same_size(tiny) -> None:
+    net, x, y, pred = tiny
+    eps = 0.1
+    model_fn = log_predictive_fn(net, 10, generator=torch.Generator().manual_seed(0))
+    adv = PGD(eps=eps, eps_iter=0.025, steps=20)(model_fn, x, pred)
+    assert (adv - x).abs().max() <= eps + 1e-6 and adv.min() >= 0 and adv.max() <= 1
+    attacked, baseline = _success(net, adv, y, pred), _success(net, _random_signs(x, eps), y, pred)
+    assert attacked > baseline + 0.3, (attacked, baseline)
+
+
+def test_cw_beats_random_noise_of_the_same_l2_norm(tiny) -> None:
+    net, x, y, pred = tiny
+    x, y, pred = x[:60], y[:60], pred[:60]
+    model_fn = log_predictive_fn(net, 10, generator=torch.Generator().manual_seed(0))
+    adv = CWL2(iterations=30, binary_steps=2)(model_fn, x, pred)
+    assert adv.min() >= 0 and adv.max() <= 1
+    norms = (adv - x).flatten(1).norm(dim=1)
+    attacked = _success(net, adv, y, pred)
+    baseline = _success(net, _random_l2(x, norms), y, pred)
+    assert attacked > baseline + 0.3, (attacked, baseline)
+
+
+def test_square_through_run_attack_and_spec(tiny) -> None:
+    net, x, y, _ = tiny
+    attack = parse_attack("square:eps=0.2,queries=20")
+    assert attack == Square(eps=0.2, queries=20)
+    assert attack.label == "Square ε=0.2, 20 queries"
+    assert parse_attack(attack.key) == attack
+    outcome = run_attack(net, x[:20], y[:20], attack, k=5, k_eval=10, batch_size=8)
+    assert float(outcome.linf.max()) <= 0.2 + 1e-6
+    with pytest.raises(ValueError, match="queries"):
+        parse_attack("square:queries=0")
+
+
+@pytest.mark.parametrize("name", sorted(OOD_SETS))
+def test_ood_sets_are_images_in_the_unit_box(name: str) -> None:
+    x = torch.rand(5, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+    out = ood_images(name, x, seed=1)
+    assert out.shape == x.shape and out.dtype == torch.float32
+    assert out.min() >= 0.0 and out.max() <= 1.0
+    assert torch.equal(out, ood_images(name, x, seed=1))  # reproducible
+
+
+def test_ood_transforms_by_hand() -> None:
+    x = torch.zeros(1, 1, 28, 28)
+    x[0, 0, 0, 27] = 1.0  # top-right pixel
+    assert ood_images("rotated", x)[0, 0, 0, 0] == 1.0  # 90° counter-clockwise → top-left
+    assert torch.equal(ood_images("inverted", x), 1.0 - x)
+    noise = ood_images("gaussian", torch.zeros(200, 1, 28, 28))
+    clipped_low = float((noise == 0).double().mean())
+    # P(N(0.5, 0.5²) < 0) = Φ(−1) ≈ 0.1587
+    assert clipped_low == pytest.approx(0.1587, abs=0.005)
+    uniform = ood_images("uniform", torch.zeros(200, 1, 28, 28))
+    assert float(uniform.mean()) == pytest.approx(0.5, abs=0.005)
+    with pytest.raises(ValueError, match="unknown OOD set"):
+        ood_images("cifar", x)
