@@ -20,8 +20,9 @@ met with a margin (κ nats, δ score units), so the other term takes over.
 
 Steps are signed-gradient steps projected onto the ε-ball and [0, 1], from a uniform random start
 (Madry et al. 2018). Per example the attack keeps the last iterate that its own K-sample query saw
-misclassified and unflagged; where there was none, the final iterate. The verdict that counts is
-the caller's, on a fresh independent MC draw.
+misclassified and unflagged; where there was none, the final iterate. With λ = 0 it is plain
+(margin-loss) PGD that ignores the detector: it keeps the last iterate its query saw
+misclassified. The verdict that counts is the caller's, on a fresh independent MC draw.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ CLIP_MIN, CLIP_MAX = 0.0, 1.0
 @dataclass(frozen=True)
 class AdaptiveResult:
     """``x_adv`` (shape of ``x``), ``found`` (B bool: the attack's own query saw an iterate
-    misclassified and unflagged) and ``first_step`` (B int64, the step it first did, −1 if never)."""
+    misclassified and unflagged) and ``first_step`` (B int64, the first such step, −1 if none)."""
 
     x_adv: torch.Tensor
     found: torch.Tensor
@@ -74,7 +75,9 @@ class AdaptivePGD:
         if self.weight < 0 or self.kappa < 0 or self.delta < 0:
             raise ValueError("adaptive weight, kappa and delta must be ≥ 0")
         if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+            raise ValueError(
+                f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}"
+            )
 
     @property
     def alpha(self) -> float:
@@ -101,7 +104,7 @@ class AdaptivePGD:
             x_t.requires_grad_(True)
             log_p, score = score_fn(x_t)
             m = margin(log_p, y)
-            success = ((m < 0) & (score <= threshold)).detach()
+            success = ((m < 0) & self._unflagged(score, threshold)).detach()
             best[success] = x_t.detach()[success]
             first[success & (first < 0)] = t
             if t == self.steps:
@@ -111,6 +114,10 @@ class AdaptivePGD:
         found = first >= 0
         best[~found] = x_t.detach()[~found]
         return AdaptiveResult(best, found, first)
+
+    def _unflagged(self, score: torch.Tensor, threshold: float) -> torch.Tensor:
+        """With λ = 0 (plain PGD) the attack ignores the detector altogether."""
+        return score <= threshold if self.weight > 0 else torch.ones_like(score, dtype=torch.bool)
 
     def _loss(self, m: torch.Tensor, score: torch.Tensor, threshold: float) -> torch.Tensor:
         """``relu(m + κ) + λ·g·relu(s − threshold + δ)`` per example (module docstring)."""

@@ -20,12 +20,13 @@ PARAM_DEST = "attack_param_"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from bayesgate.attacks import detector_cli
+    from bayesgate.attacks import detector_cli, evaluate_cli
 
     _register_attack(sub)
     _register_calibrate(sub)
     detector_cli.register(sub)
     _register_sweep(sub)
+    evaluate_cli.register(sub)
 
 
 def _common(p: argparse.ArgumentParser) -> None:

@@ -1,0 +1,291 @@
+"""Evaluate a model's fitted detector on the test split: attacks (seen and unseen) and OOD inputs.
+
+Per attack: every image of the test subset is attacked (:func:`bayesgate.attacks.run.run_attack`,
+``k_attack``-pass log-predictive); the positives are the *successful* adversarial examples (judged
+on a ``k``-pass MC predictive), the negatives *all* clean test images of the subset. Per OOD set
+(:mod:`bayesgate.attacks.ood`): every OOD image is a positive. For every score of the detector
+(:class:`bayesgate.models.detection.detector.Detector`: predictive entropy, mutual information,
+variation ratio, Mahalanobis per layer, ``−log KD``, fused):
+
+- AUROC (positives vs clean test images);
+- TPR at the detector's calibrated threshold (fitted on clean *validation* images), i.e. the
+  fraction of positives flagged;
+- the clean test FPR at that threshold.
+
+Adversarial examples are cached per model, attack, subset, K and seed as ``.npz`` (no pickle)
+under ``cache_dir`` (default ``~/.cache/bayesgate/detect-eval``), so an interrupted run resumes
+at the next attack and a re-run only rescores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from bayesgate.attacks.metrics import detection_metrics
+from bayesgate.attacks.ood import OOD_LABELS, OOD_SETS, ood_images
+from bayesgate.attacks.run import run_attack
+from bayesgate.attacks.specs import AttackSpec, parse_attacks
+from bayesgate.models.detection.detector import Detector, collect_features, scores_numpy
+from bayesgate.models.mc.uncertainty import predictive_mean
+from bayesgate.models.store.directory import LoadedModel
+
+SEEN_ATTACKS = ("fgs:eta=0.1", "fgs:eta=0.2", "fgs:eta=0.3", "targeted:steps=40,eta=0.01")
+UNSEEN_ATTACKS = ("pgd:eps=0.3,eps_iter=0.01,steps=40", "cw", "square:eps=0.3,queries=1000")
+EVAL_ATTACKS = SEEN_ATTACKS + UNSEEN_ATTACKS
+"""What ``bayesgate detect-eval`` runs unless told otherwise: the attacks the fusion was fitted on
+(FGS, targeted — evaluated on test images it never saw) and the unseen ones."""
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "bayesgate" / "detect-eval"
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """Test subset (``limit`` first images; ``attack_limits`` caps single attacks, e.g. CW), K of
+    the scores (``None``: the detector's), K of the attacks (``None``: the card's ``k_attack``)."""
+
+    attacks: tuple[str, ...] = EVAL_ATTACKS
+    ood: tuple[str, ...] = tuple(OOD_SETS)
+    limit: int | None = 1000
+    attack_limits: dict[str, int] = field(default_factory=dict)
+    k: int | None = None
+    k_attack: int | None = None
+    seed: int = 0
+    batch_size: int = 100
+    cache_dir: Path | None = None
+
+    def check(self) -> None:
+        unknown = [name for name in self.ood if name not in OOD_SETS]
+        if unknown:
+            raise ValueError(f"unknown OOD set(s) {unknown}; choose from {', '.join(OOD_SETS)}")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit must be ≥ 1, got {self.limit}")
+        if any(n < 1 for n in self.attack_limits.values()):
+            raise ValueError("attack limits must be ≥ 1")
+
+
+@dataclass
+class ScoredSet:
+    """One row of the evaluation: the positives' scores and how they were made."""
+
+    key: str
+    label: str
+    kind: str  # "attack" or "ood"
+    scores: dict[str, np.ndarray]
+    summary: dict[str, Any]
+
+
+@dataclass
+class DetectionEval:
+    """Everything :func:`evaluate_detector` measured (the report and plots read this)."""
+
+    config: dict[str, Any]
+    thresholds: dict[str, float]
+    clean: dict[str, np.ndarray]
+    sets: list[ScoredSet]
+    seconds: dict[str, float]
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One JSON-ready row per set: counts and, per score, AUROC / TPR / FPR at threshold."""
+        out = []
+        for s in self.sets:
+            per_score = {
+                name: _metrics(self.clean[name], s.scores[name], self.thresholds.get(name))
+                for name in self.clean
+            }
+            out.append(
+                {"set": s.key, "label": s.label, "kind": s.kind, **s.summary, "scores": per_score}
+            )
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        clean_fpr = {
+            name: float(np.mean(self.clean[name] > t))
+            for name, t in self.thresholds.items()
+            if name in self.clean
+        }
+        return {
+            **self.config,
+            "thresholds": self.thresholds,
+            "clean_test_fpr": clean_fpr,
+            "seconds": self.seconds,
+            "rows": self.rows(),
+        }
+
+
+def _metrics(clean: np.ndarray, pos: np.ndarray, threshold: float | None) -> dict[str, Any]:
+    m = detection_metrics(clean, pos, threshold)
+    keep = ("auroc", "tpr_at_threshold", "fpr_at_threshold", "tpr_at_5fpr", "mean_adversarial")
+    return {k: m[k] for k in keep if k in m}
+
+
+def evaluate_detector(
+    loaded: LoadedModel,
+    detector: Detector,
+    settings: EvalSettings | None = None,
+    *,
+    device: torch.device | str = "cpu",
+    progress: bool = False,
+) -> DetectionEval:
+    """Run the evaluation of the module docstring (nothing but the cache is written)."""
+    from bayesgate.models.data.mnist import load_mnist
+
+    settings = settings or EvalSettings()
+    settings.check()
+    specs = parse_attacks(list(settings.attacks)) if settings.attacks else []
+    run = _EvalRun(loaded, detector, settings, torch.device(device), progress)
+    x, y = load_mnist("test", limit=settings.limit)
+    started = time.perf_counter()
+    clean_probs, clean = run.score(x, "clean test")
+    clean_pred = predictive_mean(clean_probs).argmax(dim=1)
+    seconds = {"clean": time.perf_counter() - started}
+    sets = []
+    for spec in specs:
+        started = time.perf_counter()
+        sets.append(run.attack_set(spec, x, y, clean_pred))
+        seconds[spec.key] = time.perf_counter() - started
+    for name in settings.ood:
+        started = time.perf_counter()
+        sets.append(run.ood_set(name, x))
+        seconds[f"ood:{name}"] = time.perf_counter() - started
+    config = {
+        "model": loaded.card.name,
+        "model_sha256": loaded.card.weights_sha256,
+        "split": "test",
+        "images": int(x.shape[0]),
+        "clean_accuracy": float((clean_pred == y).double().mean()),
+        "k": run.k,
+        "k_attack": run.k_attack,
+        "seed": settings.seed,
+        "detector_score": detector.score,
+        "target_fpr": detector.target_fpr,
+        "torch_threads": torch.get_num_threads(),
+    }
+    return DetectionEval(config, dict(detector.thresholds), clean, sets, _round(seconds))
+
+
+class _EvalRun:
+    """The model, detector, settings and device of one evaluation."""
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        detector: Detector,
+        settings: EvalSettings,
+        device: torch.device,
+        progress: bool,
+    ) -> None:
+        if detector.model_sha256 != loaded.card.weights_sha256:
+            raise ValueError(f"the detector was fitted for other weights than {loaded.card.name}")
+        self.loaded, self.detector, self.settings = loaded, detector, settings
+        self.device, self.progress = device, progress
+        self.k = int(settings.k or detector.k)
+        self.k_attack = int(settings.k_attack or loaded.card.inference.get("k_attack", 10))
+        self.cache = (settings.cache_dir or default_cache_dir()) / loaded.card.weights_sha256[:16]
+
+    @property
+    def network(self) -> nn.Module:
+        return self.loaded.network
+
+    def log(self, message: str) -> None:
+        if self.progress:
+            print(message, file=sys.stderr)
+
+    def score(self, x: torch.Tensor, desc: str) -> tuple[torch.Tensor, dict[str, np.ndarray]]:
+        """``(probs N×K×C, every score)`` of ``x`` with the evaluation's K and seed."""
+        probs, features = collect_features(
+            self.network,
+            x,
+            self.k,
+            batch_size=500,
+            seed=self.settings.seed,
+            device=self.device,
+            progress=self.progress,
+            desc=desc,
+        )
+        return probs, scores_numpy(self.detector, probs, features)
+
+    def attack_set(
+        self, spec: AttackSpec, x: torch.Tensor, y: torch.Tensor, clean_pred: torch.Tensor
+    ) -> ScoredSet:
+        n = min(x.shape[0], self.settings.attack_limits.get(spec.name, x.shape[0]))
+        x_adv, success, summary = self._adversarial(spec, x[:n], y[:n], clean_pred[:n])
+        self.log(
+            f"{spec.label}: {summary['successful']}/{summary['eligible']} succeeded "
+            f"({summary['images']} images)"
+        )
+        if success.any():
+            _, scores = self.score(x_adv[success], spec.label)
+        else:
+            scores = {name: np.zeros(0) for name in self.detector.score_names}
+        return ScoredSet(spec.key, spec.label, "attack", scores, summary)
+
+    def _adversarial(
+        self, spec: AttackSpec, x: torch.Tensor, y: torch.Tensor, clean_pred: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+        """Adversarial images, success mask and summary: from the cache, else attacked now."""
+        path = self.cache / _cache_name(spec, x.shape[0], self.k_attack, self.k, self.settings.seed)
+        if path.is_file():
+            with np.load(path, allow_pickle=False) as data:
+                summary = json.loads(str(data["meta"]))
+                return torch.from_numpy(data["x_adv"]), torch.from_numpy(data["success"]), summary
+        started = time.perf_counter()
+        outcome = run_attack(
+            self.network,
+            x,
+            y,
+            spec,
+            k=self.k_attack,
+            k_eval=self.k,
+            clean_pred=clean_pred,
+            batch_size=self.settings.batch_size,
+            seed=self.settings.seed,
+            device=self.device,
+            progress=self.progress,
+        )
+        summary = {**outcome.summary(), "attack_seconds": round(time.perf_counter() - started, 1)}
+        _save_outcome(path, outcome.x_adv, outcome.success, summary)
+        return outcome.x_adv, outcome.success, summary
+
+    def ood_set(self, name: str, x: torch.Tensor) -> ScoredSet:
+        x_ood = ood_images(name, x, seed=self.settings.seed)
+        probs, scores = self.score(x_ood, OOD_LABELS[name])
+        pred = predictive_mean(probs).argmax(dim=1)
+        counts = torch.bincount(pred, minlength=probs.shape[-1]).tolist()
+        summary = {"images": int(x_ood.shape[0]), "predicted_classes": counts}
+        return ScoredSet(f"ood:{name}", OOD_LABELS[name], "ood", scores, summary)
+
+
+def _cache_name(spec: AttackSpec, n: int, k_attack: int, k: int, seed: int) -> str:
+    safe = spec.key.replace(":", "_").replace(",", "_").replace("=", "")
+    return f"{safe}-n{n}-ka{k_attack}-k{k}-s{seed}.npz"
+
+
+def _save_outcome(
+    path: Path, x_adv: torch.Tensor, success: torch.Tensor, summary: dict[str, Any]
+) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez_compressed(
+        tmp,
+        x_adv=x_adv.numpy().astype(np.float32),
+        success=success.numpy(),
+        meta=np.array(json.dumps(summary)),
+    )
+    tmp.replace(path)
+
+
+def _round(values: dict[str, float]) -> dict[str, float]:
+    return {k: round(v, 1) for k, v in values.items()}

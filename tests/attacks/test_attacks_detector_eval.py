@@ -1,0 +1,216 @@
+"""The detector evaluation (``detect-eval``) and the adaptive attack on a tiny model's detector."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from attacks_testnets import LinearNet
+
+from bayesgate.attacks import detect_eval
+from bayesgate.attacks.adaptive import AdaptivePGD
+from bayesgate.attacks.adaptive_eval import AdaptiveSettings, detector_score_fn, evaluate_adaptive
+from bayesgate.attacks.detector_fit import FitSettings, fit_detector
+from bayesgate.attacks.metrics import auroc
+from bayesgate.attacks.ood import ood_images
+from bayesgate.attacks.run import mc_predictions
+from bayesgate.cli import main
+from bayesgate.models.data.mnist import load_mnist
+from bayesgate.models.detection.detector import score_images
+from bayesgate.models.detection.store import load_detector, save_detector
+from bayesgate.models.store.directory import load_model
+
+TINY_FIT = FitSettings(
+    k=20,
+    k_attack=5,
+    train_subset=2000,
+    fit_images=400,
+    threshold_images=400,
+    attack_images=100,
+    kde_per_class=50,
+)
+
+
+@pytest.fixture(scope="module")
+def detector_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny MLP with a detector fitted on small subsets (a few seconds)."""
+    out = Path(shutil.copytree(tiny_model_dir, tmp_path_factory.mktemp("det") / "model"))
+    save_detector(fit_detector(load_model(out), TINY_FIT), out)
+    return out
+
+
+# --- the adaptive attack on hand-made functions -------------------------------------------------
+
+
+def _linear_score_fn(net: LinearNet, centre: torch.Tensor):
+    """A deterministic classifier and a detector score ``‖x − centre‖²`` (differentiable)."""
+
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.log_softmax(net(x), dim=1), (x - centre).flatten(1).pow(2).sum(1)
+
+    return fn
+
+
+def test_adaptive_stays_in_ball_and_box() -> None:
+    net = LinearNet()
+    x = torch.rand(8, 1, 4, 4, generator=torch.Generator().manual_seed(0))
+    y = net(x).argmax(dim=1)
+    fn = _linear_score_fn(net, torch.full_like(x[:1], 0.5))
+    for schedule in ("misclassify-first", "joint"):
+        result = AdaptivePGD(eps=0.1, steps=10, weight=5.0, schedule=schedule)(fn, x, y, 1.0)
+        assert (result.x_adv - x).abs().max() <= 0.1 + 1e-6
+        assert result.x_adv.min() >= 0 and result.x_adv.max() <= 1
+
+
+def test_plain_pgd_ignores_the_detector_and_the_adaptive_attack_evades_it() -> None:
+    net = LinearNet(in_shape=(1, 4, 4), classes=3, seed=1)
+    x = 0.3 + 0.4 * torch.rand(32, 1, 4, 4, generator=torch.Generator().manual_seed(0))
+    y = net(x).argmax(dim=1)
+    fn = _linear_score_fn(net, x.mean(dim=0, keepdim=True))
+
+    def run(weight: float, threshold: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        attack = AdaptivePGD(eps=0.4, steps=40, weight=weight)
+        result = attack(fn, x, y, threshold, generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            log_p, score = fn(result.x_adv)
+        return result.found, log_p.argmax(1) != y, score
+
+    found_plain, mis_plain, score_plain = run(0.0, 0.0)
+    assert torch.equal(found_plain, mis_plain)  # λ = 0: 'found' = misclassified, score ignored
+    threshold = float(score_plain[mis_plain].median())  # plain PGD evades about half the time
+    found, mis, score = run(1.0, threshold)
+    evaded_plain = int((mis_plain & (score_plain <= threshold)).sum())
+    evaded = int((mis & (score <= threshold)).sum())
+    assert mis.float().mean() >= mis_plain.float().mean() - 0.1
+    assert evaded >= evaded_plain + 8, (evaded, evaded_plain)
+    assert float(score.mean()) < float(score_plain.mean())
+    # a deterministic model: what the attack's own query saw is the truth
+    assert torch.equal(found, mis & (score <= threshold))
+
+
+def test_adaptive_rejects_bad_settings() -> None:
+    with pytest.raises(ValueError, match="schedule"):
+        AdaptivePGD(schedule="later")
+    with pytest.raises(ValueError, match="eps"):
+        AdaptivePGD(eps=0.0)
+
+
+# --- against a real fitted detector --------------------------------------------------------------
+
+
+def test_adaptive_lowers_the_fused_score_below_plain_pgd(detector_dir: Path) -> None:
+    loaded, det = load_model(detector_dir), load_detector(detector_dir)
+    net = loaded.network
+    x, _ = load_mnist("test", limit=50)
+    _, clean_pred = mc_predictions(net, x, 20, seed=3)
+    results = {}
+    for weight in (0.0, 1.0):
+        fn = detector_score_fn(net, det, 5, generator=torch.Generator().manual_seed(0))
+        attack = AdaptivePGD(eps=0.2, steps=20, weight=weight)
+        results[weight] = attack(fn, x, clean_pred, det.threshold)
+        assert (results[weight].x_adv - x).abs().max() <= 0.2 + 1e-6
+    fused = {w: score_images(det, net, r.x_adv, k=20, seed=9)["fused"] for w, r in results.items()}
+    assert fused[1.0].mean() < fused[0.0].mean() - 0.2, {w: f.mean() for w, f in fused.items()}
+    # and it still misclassifies about as often as plain PGD (fresh masks)
+    mis = {
+        w: float((mc_predictions(net, r.x_adv, 20, seed=4)[1] != clean_pred).float().mean())
+        for w, r in results.items()
+    }
+    assert mis[1.0] >= mis[0.0] - 0.1, mis
+
+
+def test_detector_score_fn_matches_the_detectors_own_scores(detector_dir: Path) -> None:
+    """The differentiable path the attack uses gives the same fused score as ``score_images``
+    when both draw the same masks (K passes from generators with equal seeds)."""
+    loaded, det = load_model(detector_dir), load_detector(detector_dir)
+    x, _ = load_mnist("test", limit=7)
+    fn = detector_score_fn(loaded.network, det, 20, generator=torch.Generator().manual_seed(11))
+    _, fused = fn(x)
+    reference = score_images(det, loaded.network, x, k=20, seed=11)["fused"]
+    assert np.allclose(fused.detach().double().numpy(), reference, atol=1e-4)
+
+
+def test_evaluate_adaptive_rows(detector_dir: Path, tmp_path: Path) -> None:
+    settings = AdaptiveSettings(
+        eps=(0.2,), weights=(1.0,), steps=10, limit=40, k_attack=5, k=20, cache_dir=tmp_path
+    )
+    result = evaluate_adaptive(load_model(detector_dir), load_detector(detector_dir), settings)
+    assert [r["attack"] for r in result["rows"]] == ["plain PGD", "adaptive λ=1"]
+    for row in result["rows"]:
+        assert row["evaded"] <= row["misclassified"] <= row["eligible"] == result["eligible"]
+        assert row["max_linf"] <= 0.2 + 1e-6
+        assert row["evaded_rate"] == pytest.approx(row["evaded"] / row["eligible"])
+
+
+# --- detect-eval ---------------------------------------------------------------------------------
+
+
+def test_detect_eval_cli_files_numbers_and_cache(
+    detector_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    argv = [
+        "detect-eval",
+        str(detector_dir),
+        "--out",
+        str(out),
+        "--limit",
+        "60",
+        "--attacks",
+        "fgs:eta=0.3",
+        "square:eps=0.3,queries=20",
+        "--ood",
+        "uniform",
+        "inverted",
+        "--k",
+        "20",
+        "--k-attack",
+        "5",
+        "--cache-dir",
+        str(cache),
+        "--no-progress",
+    ]
+    assert main(argv) == 0
+    data = json.loads((out / "detect_eval.json").read_text())
+    assert {p.name for p in out.iterdir()} >= {
+        "detect_eval.json",
+        "detect_eval.csv",
+        "detect_eval.md",
+        "detect_eval_roc.png",
+    }
+    rows = {r["set"]: r for r in data["rows"]}
+    assert [r["kind"] for r in data["rows"]] == ["attack", "attack", "ood", "ood"]
+    assert rows["fgs:eta=0.3"]["successful"] <= rows["fgs:eta=0.3"]["eligible"]
+    # an independent recomputation of one cell: fused AUROC of inverted MNIST vs clean
+    loaded, det = load_model(detector_dir), load_detector(detector_dir)
+    x, _ = load_mnist("test", limit=60)
+    clean = score_images(det, loaded.network, x, k=20, seed=0)["fused"]
+    inverted = score_images(det, loaded.network, ood_images("inverted", x), k=20, seed=0)["fused"]
+    cell = rows["ood:inverted"]["scores"]["fused"]
+    assert cell["auroc"] == pytest.approx(auroc(clean, inverted), abs=1e-6)
+    assert cell["tpr_at_threshold"] == pytest.approx(np.mean(inverted > det.threshold), abs=1e-6)
+    assert data["clean_test_fpr"]["fused"] == pytest.approx(
+        np.mean(clean > det.threshold), abs=1e-6
+    )
+    assert "| inverted MNIST 1 − x |" in (out / "detect_eval.md").read_text()
+    # a second run reads the adversarial examples from the cache instead of attacking again
+    assert len(list(cache.rglob("*.npz"))) == 2
+
+    def no_attacks(*args, **kwargs):
+        raise AssertionError("attacked again despite the cache")
+
+    monkeypatch.setattr(detect_eval, "run_attack", no_attacks)
+    assert main(argv) == 0
+    again = json.loads((out / "detect_eval.json").read_text())
+    assert again["rows"] == data["rows"]
+
+
+def test_detect_eval_without_detector_is_one_line(
+    tiny_model_dir: Path, tmp_path: Path, capsys
+) -> None:
+    assert main(["detect-eval", str(tiny_model_dir), "--out", str(tmp_path)]) == 2
+    assert "fit-detector" in capsys.readouterr().err
