@@ -12,9 +12,10 @@ variation ratio, Mahalanobis per layer, ``−log KD``, fused):
   fraction of positives flagged;
 - the clean test FPR at that threshold.
 
-Adversarial examples are cached per model, attack, subset, K and seed as ``.npz`` (no pickle)
-under ``cache_dir`` (default ``~/.cache/bayesgate/detect-eval``), so an interrupted run resumes
-at the next attack and a re-run only rescores.
+Adversarial images are cached per model, attack, subset, attack K and seed as ``.npz`` (no
+pickle) under ``cache_dir`` (default ``~/.cache/bayesgate/detect-eval``), so an interrupted run
+resumes at the next attack and a re-run only rescores (the success verdicts are recomputed with
+the evaluation's K).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from torch import nn
 
 from bayesgate.attacks.metrics import detection_metrics
 from bayesgate.attacks.ood import OOD_LABELS, OOD_SETS, ood_images
-from bayesgate.attacks.run import run_attack
+from bayesgate.attacks.run import mc_predictions, run_attack
 from bayesgate.attacks.specs import AttackSpec, parse_attacks
 from bayesgate.models.detection.detector import Detector, collect_features, scores_numpy
 from bayesgate.models.mc.uncertainty import predictive_mean
@@ -235,12 +236,46 @@ class _EvalRun:
     def _adversarial(
         self, spec: AttackSpec, x: torch.Tensor, y: torch.Tensor, clean_pred: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
-        """Adversarial images, success mask and summary: from the cache, else attacked now."""
-        path = self.cache / _cache_name(spec, x.shape[0], self.k_attack, self.k, self.settings.seed)
+        """Adversarial images, success mask and summary; the verdicts use this run's K."""
+        x_adv, target, seconds = self.adversarial_images(spec, x, y)
+        _, adv_pred = mc_predictions(
+            self.network, x_adv, self.k, device=self.device, seed=self.settings.seed
+        )
+        eligible = clean_pred == y
+        if spec.targeted:
+            eligible &= y != target
+            success = eligible & (adv_pred == target)
+        else:
+            success = eligible & (adv_pred != y)
+        delta = (x_adv - x).flatten(1)
+        n_eligible = int(eligible.sum())
+        summary = {
+            "attack": spec.key,
+            "images": int(x.shape[0]),
+            "eligible": n_eligible,
+            "successful": int(success.sum()),
+            "success_rate": float(success.sum()) / n_eligible if n_eligible else None,
+            "mean_linf_success": _mean(delta.abs().amax(dim=1)[success]),
+            "mean_l2_success": _mean(delta.norm(dim=1)[success]),
+            "attack_seconds": seconds,
+        }
+        return x_adv, success, summary
+
+    def adversarial_images(
+        self, spec: AttackSpec, x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """``(x_adv, target, seconds)`` from the cache, else attacked now and cached.
+
+        The untargeted attacks push away from the true label ``y``: on the eligible images
+        (clean prediction right, the only ones judged) that is the model's own prediction, so
+        the images do not depend on the evaluation's K and one cache serves every K.
+        """
+        name = _cache_name(spec, x.shape[0], self.k_attack, self.settings.seed)
+        path = self.cache / name
         if path.is_file():
             with np.load(path, allow_pickle=False) as data:
-                summary = json.loads(str(data["meta"]))
-                return torch.from_numpy(data["x_adv"]), torch.from_numpy(data["success"]), summary
+                seconds = float(json.loads(str(data["meta"]))["seconds"])
+                return torch.from_numpy(data["x_adv"]), torch.from_numpy(data["target"]), seconds
         started = time.perf_counter()
         outcome = run_attack(
             self.network,
@@ -248,16 +283,16 @@ class _EvalRun:
             y,
             spec,
             k=self.k_attack,
-            k_eval=self.k,
-            clean_pred=clean_pred,
+            k_eval=1,  # its verdicts are not used
+            clean_pred=y,
             batch_size=self.settings.batch_size,
             seed=self.settings.seed,
             device=self.device,
             progress=self.progress,
         )
-        summary = {**outcome.summary(), "attack_seconds": round(time.perf_counter() - started, 1)}
-        _save_outcome(path, outcome.x_adv, outcome.success, summary)
-        return outcome.x_adv, outcome.success, summary
+        seconds = round(time.perf_counter() - started, 1)
+        _save_images(path, outcome.x_adv, outcome.target, {"attack": spec.key, "seconds": seconds})
+        return outcome.x_adv, outcome.target, seconds
 
     def ood_set(self, name: str, x: torch.Tensor) -> ScoredSet:
         x_ood = ood_images(name, x, seed=self.settings.seed)
@@ -268,23 +303,27 @@ class _EvalRun:
         return ScoredSet(f"ood:{name}", OOD_LABELS[name], "ood", scores, summary)
 
 
-def _cache_name(spec: AttackSpec, n: int, k_attack: int, k: int, seed: int) -> str:
+def _cache_name(spec: AttackSpec, n: int, k_attack: int, seed: int) -> str:
     safe = spec.key.replace(":", "_").replace(",", "_").replace("=", "")
-    return f"{safe}-n{n}-ka{k_attack}-k{k}-s{seed}.npz"
+    return f"{safe}-n{n}-ka{k_attack}-s{seed}.npz"
 
 
-def _save_outcome(
-    path: Path, x_adv: torch.Tensor, success: torch.Tensor, summary: dict[str, Any]
+def _save_images(
+    path: Path, x_adv: torch.Tensor, target: torch.Tensor, meta: dict[str, Any]
 ) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.npz")
     np.savez_compressed(
         tmp,
         x_adv=x_adv.numpy().astype(np.float32),
-        success=success.numpy(),
-        meta=np.array(json.dumps(summary)),
+        target=target.numpy(),
+        meta=np.array(json.dumps(meta)),
     )
     tmp.replace(path)
+
+
+def _mean(values: torch.Tensor) -> float | None:
+    return float(values.double().mean()) if values.numel() else None
 
 
 def _round(values: dict[str, float]) -> dict[str, float]:
