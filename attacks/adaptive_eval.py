@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from bayesgate.attacks.adaptive import AdaptivePGD, ScoreFn
-from bayesgate.attacks.detect_eval import default_cache_dir
+from bayesgate.attacks.detect_eval import DetectorRun
 from bayesgate.models.detection.detector import Detector, collect_features, scores_numpy
 from bayesgate.models.mc.dropout import mc_sampling
 from bayesgate.models.mc.engine import mc_logits_features
@@ -147,33 +146,18 @@ def evaluate_adaptive(
     }
 
 
-class _AdaptiveRun:
-    def __init__(
-        self,
-        loaded: LoadedModel,
-        detector: Detector,
-        settings: AdaptiveSettings,
-        device: torch.device,
-        progress: bool,
-    ) -> None:
-        if detector.model_sha256 != loaded.card.weights_sha256:
-            raise ValueError(f"the detector was fitted for other weights than {loaded.card.name}")
-        self.loaded, self.detector, self.settings = loaded, detector, settings
-        self.device, self.progress = device, progress
-        self.score, self.threshold = detector.score, float(detector.threshold)
-        self.k = int(settings.k or detector.k)
-        self.k_attack = int(settings.k_attack or loaded.card.inference.get("k_attack", 10))
-        self.eval_seed = settings.seed + 1_000_003  # masks independent of the attack's
-        self.cache = (settings.cache_dir or default_cache_dir()) / loaded.card.weights_sha256[:16]
+class _AdaptiveRun(DetectorRun):
+    """One ``adaptive-eval`` run; verdicts use masks independent of the attack's."""
 
-    def log(self, message: str) -> None:
-        if self.progress:
-            print(message, file=sys.stderr)
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.score, self.threshold = self.detector.score, float(self.detector.threshold)
+        self.eval_seed = self.settings.seed + 1_000_003
 
     def judge(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, np.ndarray]:
         """Fresh MC verdicts: ``correct`` (prediction = label) and ``flagged`` (score > thr)."""
         probs, features = collect_features(
-            self.loaded.network, x, self.k, seed=self.eval_seed, device=self.device
+            self.network, x, self.k, seed=self.eval_seed, device=self.device
         )
         scores = scores_numpy(self.detector, probs, features)
         pred = predictive_mean(probs).argmax(dim=1)
@@ -191,7 +175,7 @@ class _AdaptiveRun:
         if path.is_file():
             with np.load(path, allow_pickle=False) as data:
                 return torch.from_numpy(data["x_adv"]), data["found"]
-        net = self.loaded.network
+        net = self.network
         generator = torch.Generator(device=self.device).manual_seed(self.settings.seed)
         start_rng = torch.Generator().manual_seed(self.settings.seed + 7)
         score_fn = detector_score_fn(net, self.detector, self.k_attack, generator=generator)

@@ -177,14 +177,15 @@ def evaluate_detector(
     return DetectionEval(config, dict(detector.thresholds), clean, sets, _round(seconds))
 
 
-class _EvalRun:
-    """The model, detector, settings and device of one evaluation."""
+class DetectorRun:
+    """What every evaluation of a detector holds: the model, its detector, the settings (``k``,
+    ``k_attack``, ``seed``, ``cache_dir``, ``batch_size``), the device and the cache folder."""
 
     def __init__(
         self,
         loaded: LoadedModel,
         detector: Detector,
-        settings: EvalSettings,
+        settings: Any,
         device: torch.device,
         progress: bool,
     ) -> None:
@@ -203,6 +204,10 @@ class _EvalRun:
     def log(self, message: str) -> None:
         if self.progress:
             print(message, file=sys.stderr)
+
+
+class _EvalRun(DetectorRun):
+    """One ``detect-eval`` run."""
 
     def score(self, x: torch.Tensor, desc: str) -> tuple[torch.Tensor, dict[str, np.ndarray]]:
         """``(probs N×K×C, every score)`` of ``x`` with the evaluation's K and seed."""
