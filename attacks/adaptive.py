@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from bayesgate.attacks.square import margin
+from bayesgate.attacks.methods.square import margin
 
 ScoreFn = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 """``x`` (B×…) ↦ ``(log p̄(·|x) B×C, detector score B)``, differentiable, fresh masks per call."""

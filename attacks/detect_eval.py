@@ -32,10 +32,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from bayesgate.attacks.methods import Attack
 from bayesgate.attacks.metrics import detection_metrics
 from bayesgate.attacks.ood import OOD_LABELS, OOD_SETS, ood_images
-from bayesgate.attacks.run import mc_predictions, run_attack
-from bayesgate.attacks.specs import AttackSpec, parse_attacks
+from bayesgate.attacks.run import attack_in_batches, attack_targets, mc_predictions, verdicts
+from bayesgate.attacks.specs import parse_attacks
 from bayesgate.models.detection.detector import Detector, collect_features, scores_numpy
 from bayesgate.models.mc.uncertainty import predictive_mean
 from bayesgate.models.store.directory import LoadedModel
@@ -224,7 +225,7 @@ class _EvalRun(DetectorRun):
         return probs, scores_numpy(self.detector, probs, features)
 
     def attack_set(
-        self, spec: AttackSpec, x: torch.Tensor, y: torch.Tensor, clean_pred: torch.Tensor
+        self, spec: Attack, x: torch.Tensor, y: torch.Tensor, clean_pred: torch.Tensor
     ) -> ScoredSet:
         n = min(x.shape[0], self.settings.attack_limits.get(spec.name, x.shape[0]))
         x_adv, success, summary = self._adversarial(spec, x[:n], y[:n], clean_pred[:n])
@@ -239,19 +240,14 @@ class _EvalRun(DetectorRun):
         return ScoredSet(spec.key, spec.label, "attack", scores, summary)
 
     def _adversarial(
-        self, spec: AttackSpec, x: torch.Tensor, y: torch.Tensor, clean_pred: torch.Tensor
+        self, spec: Attack, x: torch.Tensor, y: torch.Tensor, clean_pred: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
         """Adversarial images, success mask and summary; the verdicts use this run's K."""
         x_adv, target, seconds = self.adversarial_images(spec, x, y)
         _, adv_pred = mc_predictions(
             self.network, x_adv, self.k, device=self.device, seed=self.settings.seed
         )
-        eligible = clean_pred == y
-        if spec.targeted:
-            eligible &= y != target
-            success = eligible & (adv_pred == target)
-        else:
-            success = eligible & (adv_pred != y)
+        eligible, success = verdicts(spec, y, clean_pred, adv_pred, target)
         delta = (x_adv - x).flatten(1)
         n_eligible = int(eligible.sum())
         summary = {
@@ -267,7 +263,7 @@ class _EvalRun(DetectorRun):
         return x_adv, success, summary
 
     def adversarial_images(
-        self, spec: AttackSpec, x: torch.Tensor, y: torch.Tensor
+        self, spec: Attack, x: torch.Tensor, y: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, float]:
         """``(x_adv, target, seconds)`` from the cache, else attacked now and cached.
 
@@ -282,22 +278,21 @@ class _EvalRun(DetectorRun):
                 seconds = float(json.loads(str(data["meta"]))["seconds"])
                 return torch.from_numpy(data["x_adv"]), torch.from_numpy(data["target"]), seconds
         started = time.perf_counter()
-        outcome = run_attack(
+        target = attack_targets(self.network, x, y, spec, self.settings.seed, self.device)
+        x_adv = attack_in_batches(
             self.network,
             x,
-            y,
+            target if spec.targeted else y,
             spec,
             k=self.k_attack,
-            k_eval=1,  # its verdicts are not used
-            clean_pred=y,
             batch_size=self.settings.batch_size,
             seed=self.settings.seed,
             device=self.device,
             progress=self.progress,
         )
         seconds = round(time.perf_counter() - started, 1)
-        _save_images(path, outcome.x_adv, outcome.target, {"attack": spec.key, "seconds": seconds})
-        return outcome.x_adv, outcome.target, seconds
+        _save_images(path, x_adv, target, {"attack": spec.key, "seconds": seconds})
+        return x_adv, target, seconds
 
     def ood_set(self, name: str, x: torch.Tensor) -> ScoredSet:
         x_ood = ood_images(name, x, seed=self.settings.seed)
@@ -308,7 +303,7 @@ class _EvalRun(DetectorRun):
         return ScoredSet(f"ood:{name}", OOD_LABELS[name], "ood", scores, summary)
 
 
-def _cache_name(spec: AttackSpec, n: int, k_attack: int, seed: int) -> str:
+def _cache_name(spec: Attack, n: int, k_attack: int, seed: int) -> str:
     safe = spec.key.replace(":", "_").replace(",", "_").replace("=", "")
     return f"{safe}-n{n}-ka{k_attack}-s{seed}.npz"
 

@@ -203,7 +203,7 @@ def test_detect_eval_cli_files_numbers_and_cache(
     def no_attacks(*args, **kwargs):
         raise AssertionError("attacked again despite the cache")
 
-    monkeypatch.setattr(detect_eval, "run_attack", no_attacks)
+    monkeypatch.setattr(detect_eval, "attack_in_batches", no_attacks)
     assert main(argv) == 0
     again = json.loads((out / "detect_eval.json").read_text())
     assert again["rows"] == data["rows"]
