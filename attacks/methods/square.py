@@ -64,6 +64,7 @@ class Square(Attack):
     """
 
     name: ClassVar[str] = "square"
+    slow: ClassVar[bool] = True
 
     eps: float = 0.3
     """L∞ radius ε."""

@@ -32,6 +32,7 @@ EXAMPLES = {
     "cw": "cw:iterations=6,binary_steps=2,lr=0.05,const=5,confidence=0.5",
     "apgd": "apgd:eps=0.1,steps=5,loss=dlr",
     "pgd-restarts": "pgd-restarts:eps=0.1,eps_iter=0.02,steps=4,restarts=2",
+    "square": "square:eps=0.1,queries=5,p_init=0.1,confidence=0.5",
 }
 
 
@@ -44,6 +45,7 @@ def test_every_registered_attack_has_an_example() -> None:
         "cw",
         "apgd",
         "pgd-restarts",
+        "square",
     ]  # the order help texts list them
 
 
