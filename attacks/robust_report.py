@@ -80,8 +80,8 @@ def robust_plot(result: dict[str, Any], path: Path) -> Path:
     if any_adaptive:
         right.legend(fontsize=8)
     else:
-        right.text(0.5, 0.5, "no model here has a fused detector", ha="center",
-                   transform=right.transAxes)  # fmt: skip
+        right.text(0.5, 0.5, "adaptive detector attack not run\n(see the notes under the table)",
+                   ha="center", transform=right.transAxes)  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     return path
