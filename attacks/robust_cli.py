@@ -10,11 +10,11 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
 
+from bayesgate.attacks.robust_adaptive import adaptive_detector_step
 from bayesgate.attacks.robust_eval import RobustSettings
 from bayesgate.models.device import pick_device
 
@@ -34,6 +34,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--k-attack", type=int, default=10, help="MC passes per attack query")
     p.add_argument("--k-eval", type=int, default=100, help="MC passes of the verdict")
     p.add_argument("--attacks", default="pgd,apgd-ce,apgd-dlr")
+    p.add_argument(
+        "--adaptive-weights",
+        default="0.1,1,10",
+        help="detector weights λ of the adaptive attack on a fused detector (plain PGD always)",
+    )
+    p.add_argument("--adaptive-steps", type=int, default=100)
     p.add_argument("--batch-size", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None)
@@ -60,7 +66,15 @@ def cmd_evaluate_robust(args: argparse.Namespace) -> int:
         cache = BatchCache(args.out / "cache", model_key(name, sha))
         row = evaluate_robust(network, x, y, settings, cache, progress=not args.no_progress)
         row.update({"name": name, "path": str(path), "weights_sha256": sha})
-        row["adaptive"] = adaptive_detector_step(path, settings)
+        row["adaptive"] = adaptive_detector_step(
+            path,
+            settings,
+            weights=_floats(args.adaptive_weights, "--adaptive-weights"),
+            steps=args.adaptive_steps,
+            cache_dir=args.out / "cache" / "adaptive",
+            device=device,
+            progress=not args.no_progress,
+        )
         models.append(row)
     result = {"settings": models[0]["settings"], "models": models}
     paths = write_outputs(result, args.out)
@@ -69,12 +83,8 @@ def cmd_evaluate_robust(args: argparse.Namespace) -> int:
 
 
 def _settings(args: argparse.Namespace) -> RobustSettings:
-    try:
-        eps = tuple(float(e) for e in args.eps.split(",") if e.strip())
-    except ValueError as exc:
-        raise ValueError(f"--eps must be comma-separated numbers, got {args.eps!r}") from exc
     return RobustSettings(
-        eps=eps,
+        eps=_floats(args.eps, "--eps"),
         n=args.n,
         attacks=tuple(a.strip() for a in args.attacks.split(",") if a.strip()),
         pgd_steps=args.pgd_steps,
@@ -85,6 +95,13 @@ def _settings(args: argparse.Namespace) -> RobustSettings:
         batch_size=args.batch_size,
         seed=args.seed,
     )
+
+
+def _floats(text: str, flag: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(e) for e in text.split(",") if e.strip())
+    except ValueError as exc:
+        raise ValueError(f"{flag} must be comma-separated numbers, got {text!r}") from exc
 
 
 def load_for_evaluation(path: Path, device: torch.device) -> tuple[nn.Module, str, str]:
@@ -104,16 +121,3 @@ def load_for_evaluation(path: Path, device: torch.device) -> tuple[nn.Module, st
         return network.to(device).eval(), name, state["tensors_sha256"]
     loaded = load_model(path, device)
     return loaded.network, loaded.card.name, loaded.card.weights_sha256
-
-
-def adaptive_detector_step(path: Path, settings: RobustSettings) -> dict[str, Any]:
-    """The adaptive attack against the model's fused detector (issue 15), when both exist.
-
-    Separate from the robust-accuracy attacks: it needs a fitted detector beside the model and
-    the adaptive attack module; until those exist it reports why it did not run.
-    """
-    try:
-        import bayesgate.attacks.adaptive_eval  # noqa: F401
-    except ModuleNotFoundError:
-        return {"status": "not run: this version has no adaptive detector attack (issue 15)"}
-    return {"status": "not run: no fused detector beside this model"}

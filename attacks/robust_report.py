@@ -53,6 +53,12 @@ def markdown_table(result: dict[str, Any]) -> str:
         f"(K = {s['k_attack']} fresh-mask passes per query), verdicts on an independent draw of "
         f"K = {s['k_eval']}.\n"
     )
+    if any((m.get("adaptive") or {}).get("status") == "ran" for m in models):
+        caption += (
+            "Misclassified & not flagged: issue 15's adaptive attack on the fused detector, worst "
+            "over plain PGD and every detector weight λ, as a fraction of the digits classified "
+            "right clean; clean FPR: the detector's flag rate on those clean digits.\n"
+        )
     return "\n".join(lines) + "\n" + caption + ("\n" + "\n".join(notes) + "\n" if notes else "")
 
 
