@@ -50,6 +50,7 @@ def adaptive_detector_step(
         weights=tuple(weights),
         steps=steps,
         limit=settings.n,
+        k_attack=settings.k_attack,
         seed=settings.seed,
         batch_size=settings.batch_size,
         cache_dir=cache_dir,

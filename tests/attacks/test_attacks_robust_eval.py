@@ -90,3 +90,36 @@ def test_a_bad_eps_is_a_one_line_error(
     assert main(["evaluate-robust", str(tiny_model_dir), "--out", str(tmp_path),
                  "--eps", "0.1,big"]) == 2  # fmt: skip
     assert "--eps must be comma-separated numbers" in capsys.readouterr().err
+
+
+def test_the_adaptive_step_runs_against_a_fitted_detector(model_copy: Path, tmp_path: Path) -> None:
+    from bayesgate.attacks.robust_adaptive import NO_DETECTOR
+    from bayesgate.models.store.calibration import Calibration, write_calibration
+    from bayesgate.models.store.directory import load_model
+
+    out = tmp_path / "robust"
+    assert main(["evaluate-robust", str(model_copy), "--out", str(out), "--eps", "0.2",
+                 *FAST[4:], "--n", "12", "--adaptive-steps", "3",
+                 "--adaptive-weights", "1"]) == 0  # fmt: skip
+    (model,) = json.loads((out / "robust.json").read_text())["models"]
+    assert model["adaptive"] == {"status": NO_DETECTOR}
+
+    sha = load_model(model_copy).card.weights_sha256
+    write_calibration(Calibration(sha, "predictive_entropy", 0.05, 5, {"predictive_entropy": 1.0}),
+                      model_copy)  # fmt: skip
+    fit = ["--train-subset", "600", "--fit-images", "200", "--threshold-images", "200",
+           "--attack-images", "40", "--kde-per-class", "20", "--k", "5", "--threads", "1",
+           "--attacks", "fgs:eta=0.2", "--no-progress"]  # fmt: skip
+    assert main(["fit-detector", str(model_copy), *fit]) == 0
+    assert main(["evaluate-robust", str(model_copy), "--out", str(out), "--eps", "0.2",
+                 *FAST[4:], "--n", "12", "--adaptive-steps", "3",
+                 "--adaptive-weights", "1"]) == 0  # fmt: skip
+    (model,) = json.loads((out / "robust.json").read_text())["models"]
+    adaptive = model["adaptive"]
+    assert adaptive["status"] == "ran" and set(adaptive["by_eps"]) == {"0.2"}
+    rows = adaptive["detail"]["rows"]
+    assert [r["attack"] for r in rows] == ["plain PGD", "adaptive λ=1"]
+    assert adaptive["by_eps"]["0.2"] == max(r["evaded_rate"] for r in rows)
+    assert 0.0 <= adaptive["clean_fpr"] <= 1.0
+    line = next(x for x in (out / "robust.md").read_text().splitlines() if "| 0.2 | 12 |" in x)
+    assert line.split(" | ")[-2] == f"{100 * adaptive['by_eps']['0.2']:.1f} %"
