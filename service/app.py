@@ -25,7 +25,12 @@ from fastapi import FastAPI
 from bayesgate.service.auth import key_digest
 from bayesgate.service.control import ModelControl
 from bayesgate.service.deps import default_mc_samples
-from bayesgate.service.errors import ServiceError, StartupError, install_error_handlers
+from bayesgate.service.errors import (
+    AllowedMethods,
+    ServiceError,
+    StartupError,
+    install_error_handlers,
+)
 from bayesgate.service.logs import configure_logging
 from bayesgate.service.metrics import Metrics
 from bayesgate.service.middleware import (
@@ -33,7 +38,7 @@ from bayesgate.service.middleware import (
     RequestContextMiddleware,
     StartupMessageMiddleware,
 )
-from bayesgate.service.routes import api_router, route_templates
+from bayesgate.service.routes import api_routers, route_methods, route_templates
 from bayesgate.service.served_model import ServedModel, load_served_model
 from bayesgate.service.settings import Settings
 from bayesgate.service.shutdown import install_drain_handler
@@ -184,19 +189,24 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = metrics
     app.state.admin_key_digest = key_digest(admin_key) if admin_key else None
     install_error_handlers(app)
-    app.include_router(api_router)
-    add_middleware(app, settings, metrics)
+    routers = api_routers(settings)
+    for prefix, router in routers:
+        app.include_router(router, prefix=prefix)
+    app.state.allowed_methods = AllowedMethods(route_methods(routers))
+    add_middleware(app, settings, metrics, route_templates(routers))
     return app
 
 
-def add_middleware(app: FastAPI, settings: Settings, metrics: Metrics) -> None:
+def add_middleware(
+    app: FastAPI, settings: Settings, metrics: Metrics, templates: list[str]
+) -> None:
     """Body limit (innermost), one-line start-up failures, request context (outermost)."""
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(StartupMessageMiddleware, state=app.state)
     app.add_middleware(
         RequestContextMiddleware,
         templates=[
-            *route_templates(),
+            *templates,
             *(p for r in app.routes if isinstance(p := getattr(r, "path", None), str)),
         ],
         metrics=metrics,

@@ -13,7 +13,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from bayesgate.service.errors import InvalidInput, NotReady
+from bayesgate.service.errors import NotReady
 from bayesgate.service.served_model import ServedModel
 from bayesgate.service.settings import Settings
 from bayesgate.service.worker import BatchWorker
@@ -54,13 +54,3 @@ def default_mc_samples(settings: Settings, served: ServedModel) -> int:
     if settings.default_mc_samples is not None:
         return settings.default_mc_samples
     return min(served.calibration.k, settings.max_mc_samples)
-
-
-def mc_samples_for(requested: int | None, settings: Settings, served: ServedModel) -> int:
-    """K of a request: the one it asked for (1 … ``max_mc_samples``), else the default."""
-    k = default_mc_samples(settings, served) if requested is None else requested
-    if not 1 <= k <= settings.max_mc_samples:
-        raise InvalidInput(
-            f"mc_samples: expected an integer in 1 … {settings.max_mc_samples}, got {k}"
-        )
-    return k

@@ -19,6 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import compile_path
 
 log = logging.getLogger("bayesgate.service")
 
@@ -184,11 +185,49 @@ def _location(loc: tuple[Any, ...]) -> str:
     return out or "body"
 
 
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _describe(error: dict[str, Any]) -> str:
+    """One pydantic/FastAPI error → ``"<field>: <message>"``, with the offending value when it
+    is a short scalar."""
+    loc, kind = tuple(error.get("loc", ())), error.get("type", "")
+    message = error.get("msg", "invalid")
+    if kind == "json_invalid":  # FastAPI's own JSON parsing (a route without ReadBodyFirst)
+        return f"body: not valid JSON ({error.get('ctx', {}).get('error', message)})"
+    if kind in ("model_type", "model_attributes_type", "dict_type") and len(loc) <= 1:
+        return "body: expected a JSON object"
+    if kind == "extra_forbidden":  # name the unknown field at its parent
+        return f"{_location(loc[:-1])}: unknown field {str(loc[-1])!r}"
+    value = error.get("input")
+    if kind not in ("missing", "one_input") and isinstance(value, _SCALARS):
+        shown = repr(value)
+        if len(shown) <= 40:
+            message = f"{message} (got {shown})"
+    return f"{_location(loc)}: {message}"
+
+
 def describe_validation_errors(errors: list[Any], limit: int = 5) -> str:
-    """pydantic/FastAPI error list → ``"instances[0]: Input should be …; seed: …"``."""
-    parts = [f"{_location(tuple(e.get('loc', ())))}: {e.get('msg', 'invalid')}" for e in errors]
+    """pydantic/FastAPI error list → ``"mc_samples: Input should be a valid integer (got '5');
+    seed: …"``."""
+    parts = [_describe(e) for e in errors]
     more = f" (and {len(parts) - limit} more)" if len(parts) > limit else ""
     return "; ".join(parts[:limit]) + more
+
+
+class AllowedMethods:
+    """Path → every method the API's routes take there, for a 405's ``Allow`` header (Starlette
+    names only the first matching route's methods, and two routes may share a path)."""
+
+    def __init__(self, routes: list[tuple[str, set[str]]]) -> None:
+        self._patterns = [(compile_path(template)[0], methods) for template, methods in routes]
+
+    def __call__(self, path: str) -> list[str]:
+        found: set[str] = set()
+        for regex, methods in self._patterns:
+            if regex.match(path):
+                found |= methods
+        return sorted(found)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -205,10 +244,18 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        headers = dict(getattr(exc, "headers", None) or {})
+        allowed = getattr(request.app.state, "allowed_methods", None)
+        if (
+            exc.status_code == 405
+            and allowed is not None
+            and (methods := allowed(request.url.path))
+        ):
+            headers["Allow"] = ", ".join(methods)
         return JSONResponse(
             error_body(str(exc.detail), "http_error", v2=is_v2_path(request.url.path)),
             status_code=exc.status_code,
-            headers=getattr(exc, "headers", None),
+            headers=headers or None,
         )
 
     @app.exception_handler(Exception)

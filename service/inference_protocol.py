@@ -33,23 +33,30 @@ K → same numbers, as in ``/v1/predict``), ``binary_data_output`` (accepted; th
 anyway). Response ``parameters``: ``mc_samples``, ``calibration_mc_samples``, ``score_name``,
 ``threshold``, ``weights_sha256`` and ``seed`` when given. Unknown fields and parameters are
 rejected (400) so that a misspelt ``mc_samples`` never silently falls back to the default.
+
+The request's structure and types are :class:`InferRequest` (pydantic, strict: it validates the
+body and documents it in the OpenAPI schema; :func:`infer_request_model` puts in this server's
+bound on ``mc_samples``); what depends on the model's card (shape, range, batch size) and the
+tensor data (one array operation, not per number) is checked by :func:`parse_infer_request`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+from pydantic_core import PydanticCustomError
 
 from bayesgate.service.errors import InvalidInput
-from bayesgate.service.inputs import check_values
+from bayesgate.service.inputs import check_values, kind_text
 from bayesgate.service.prediction import Prediction
 from bayesgate.service.schemas import MAX_SEED
 from bayesgate.service.served_model import ServedModel
+from bayesgate.service.settings import Settings
 
 INPUT_NAME = "input"
 INPUT_DATATYPE = "FP32"
@@ -66,14 +73,7 @@ OUTPUTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "epistemic_variance": ("FP32", ()),
     "adversarial": ("BOOL", ()),
 }
-REQUEST_FIELDS = frozenset({"id", "parameters", "inputs", "outputs"})
-REQUEST_PARAMETERS = frozenset({"mc_samples", "seed", "binary_data_output"})
-INPUT_FIELDS = frozenset({"name", "shape", "datatype", "data", "parameters"})
-OUTPUT_FIELDS = frozenset({"name", "parameters"})
-OUTPUT_PARAMETERS = frozenset({"binary_data"})
-
-
-# --- schemas (OpenAPI documentation; the route validates with :func:`parse_infer_request`) -----
+# --- schemas ----------------------------------------------------------------------------------
 
 
 class TensorMetadata(BaseModel):
@@ -110,36 +110,97 @@ class ModelReadyResponse(BaseModel):
 
 
 class InferParameters(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     mc_samples: int | None = Field(None, ge=1, description="MC dropout passes K")
     seed: int | None = Field(None, ge=0, le=MAX_SEED, description="seed of the dropout masks")
     binary_data_output: bool | None = Field(None, description="accepted; answers are JSON")
 
 
-class InferInputTensor(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class InputParameters(BaseModel):
+    """No input parameter is supported (binary tensor data is not: send JSON ``data``)."""
 
-    name: str = Field(description=f"'{INPUT_NAME}'")
-    datatype: str = Field(description=f"'{INPUT_DATATYPE}'")
-    shape: list[int] = Field(description="[B, 1, 28, 28]")
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class InferInputTensor(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: Literal["input"] = Field(description="the model's one input")
+    datatype: Literal["FP32"]
+    shape: list[int] = Field(description="[B, 1, 28, 28] (the card's input shape after B)")
     data: list[Any] = Field(description="B·784 numbers in [0, 1], flat or nested as the shape")
+    parameters: InputParameters | None = None
+
+
+class OutputParameters(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    binary_data: bool | None = Field(None, description="accepted; answers are JSON")
 
 
 class RequestedOutput(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    name: str
-    parameters: dict[str, bool] | None = None
+    name: str = Field(description="an output of the model metadata (GET /v2/models/{name})")
+    parameters: OutputParameters | None = None
 
 
 class InferRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """``POST /v2/models/{name}/infer``."""
 
-    id: str | None = None
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    id: str | None = Field(None, max_length=MAX_ID_LENGTH, description="echoed in the answer")
     parameters: InferParameters | None = None
-    inputs: list[InferInputTensor]
-    outputs: list[RequestedOutput] | None = None
+    inputs: list[InferInputTensor] = Field(
+        description=f"exactly one tensor, '{INPUT_NAME}'",
+        json_schema_extra={"minItems": 1, "maxItems": 1},
+    )
+    outputs: list[RequestedOutput] | None = Field(
+        None, min_length=1, description="which outputs, in which order (default: all)"
+    )
+
+    @field_validator("inputs", mode="before")
+    @classmethod
+    def _one_input(cls, value: Any) -> Any:
+        if isinstance(value, list) and len(value) != 1:
+            raise PydanticCustomError(
+                "one_input",
+                "expected a list with exactly one tensor named 'input', got {n} inputs",
+                {"n": len(value)},
+            )
+        return value
+
+    @field_validator("outputs")
+    @classmethod
+    def _distinct_outputs(cls, value: list[RequestedOutput] | None) -> Any:
+        names = [output.name for output in value or ()]
+        for name in names:
+            if names.count(name) > 1:
+                raise PydanticCustomError(
+                    "duplicate_output", "output {name!r} requested twice", {"name": name}
+                )
+        return value
+
+
+def infer_request_model(settings: Settings) -> type[InferRequest]:
+    """:class:`InferRequest` with this server's bound on ``parameters.mc_samples``."""
+    parameters = create_model(
+        "InferParameters",
+        __base__=InferParameters,
+        __module__=__name__,
+        mc_samples=(
+            int | None,
+            Field(None, ge=1, le=settings.max_mc_samples, description="MC dropout passes K"),
+        ),
+    )
+    return create_model(
+        "InferRequest",
+        __base__=InferRequest,
+        __module__=__name__,
+        parameters=(parameters | None, None),
+    )
 
 
 class OutputTensor(BaseModel):
@@ -190,108 +251,27 @@ def model_metadata(serving: ServedModel) -> dict[str, Any]:
 # --- request ----------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
 class ParsedInfer:
     """A validated inference request: ``x`` is ``B×(input shape)`` float32."""
 
-    def __init__(
-        self,
-        x: torch.Tensor,
-        request_id: str | None,
-        mc_samples: int | None,
-        seed: int | None,
-        outputs: list[str],
-    ) -> None:
-        self.x = x
-        self.request_id = request_id
-        self.mc_samples = mc_samples
-        self.seed = seed
-        self.outputs = outputs
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _unknown(where: str, keys: Sequence[str], allowed: frozenset[str]) -> None:
-    extra = sorted(set(keys) - allowed)
-    if extra:
-        raise InvalidInput(
-            f"{where}: unknown field(s) {', '.join(map(repr, extra))}; "
-            f"allowed: {', '.join(sorted(allowed))}"
-        )
-
-
-def _parameters(raw: Any) -> tuple[int | None, int | None]:
-    if raw is None:
-        return None, None
-    if not isinstance(raw, dict):
-        raise InvalidInput("parameters: expected an object")
-    _unknown("parameters", list(raw), REQUEST_PARAMETERS)
-    k, seed = raw.get("mc_samples"), raw.get("seed")
-    if k is not None and not _is_int(k):
-        raise InvalidInput(f"parameters.mc_samples: expected an integer, got {k!r}")
-    if seed is not None and not (_is_int(seed) and 0 <= seed <= MAX_SEED):
-        raise InvalidInput(f"parameters.seed: expected an integer in 0 … 2^63−1, got {seed!r}")
-    binary = raw.get("binary_data_output")
-    if binary is not None and not isinstance(binary, bool):
-        raise InvalidInput(f"parameters.binary_data_output: expected a boolean, got {binary!r}")
-    return k, seed
-
-
-def _outputs(raw: Any, table: dict[str, tuple[str, tuple[str, ...]]]) -> list[str]:
-    if raw is None:
-        return list(table)
-    if not isinstance(raw, list) or not raw:
-        raise InvalidInput('outputs: expected a non-empty list of {"name": ...} objects')
-    names: list[str] = []
-    for i, item in enumerate(raw):
-        where = f"outputs[{i}]"
-        if not isinstance(item, dict):
-            raise InvalidInput(f"{where}: expected an object with a 'name'")
-        _unknown(where, list(item), OUTPUT_FIELDS)
-        name = item.get("name")
-        if name not in table:
-            raise InvalidInput(
-                f"{where}.name: unknown output {name!r}; this model has {', '.join(table)}"
-            )
-        if name in names:
-            raise InvalidInput(f"{where}.name: output {name!r} requested twice")
-        params = item.get("parameters") or {}
-        if not isinstance(params, dict):
-            raise InvalidInput(f"{where}.parameters: expected an object")
-        _unknown(f"{where}.parameters", list(params), OUTPUT_PARAMETERS)
-        if not isinstance(params.get("binary_data", False), bool):
-            raise InvalidInput(f"{where}.parameters.binary_data: expected a boolean")
-        names.append(name)
-    return names
+    x: torch.Tensor
+    request_id: str | None
+    mc_samples: int | None
+    seed: int | None
+    outputs: list[str]
 
 
 def _input_tensor(
-    raw: Any, shape: tuple[int, ...], value_range: tuple[float, float], max_instances: int
+    tensor: InferInputTensor,
+    shape: tuple[int, ...],
+    value_range: tuple[float, float],
+    max_instances: int,
 ) -> torch.Tensor:
+    """The tensor's data checked against the card's shape and range (one array operation)."""
     where = "inputs[0]"
-    if not isinstance(raw, dict):
-        raise InvalidInput(f"{where}: expected an object with name, datatype, shape and data")
-    _unknown(where, list(raw), INPUT_FIELDS)
-    for key in ("name", "datatype", "shape", "data"):
-        if key not in raw:
-            raise InvalidInput(f"{where}: missing field '{key}'")
-    if raw["name"] != INPUT_NAME:
-        raise InvalidInput(
-            f"{where}.name: unknown input {raw['name']!r}; this model has one input '{INPUT_NAME}'"
-        )
-    if raw["datatype"] != INPUT_DATATYPE:
-        raise InvalidInput(
-            f"{where}.datatype: expected '{INPUT_DATATYPE}', got {raw['datatype']!r}"
-        )
-    if raw.get("parameters"):
-        raise InvalidInput(
-            f"{where}.parameters: not supported (binary tensor data is not; send JSON 'data')"
-        )
     expected = "[B, " + ", ".join(map(str, shape)) + "]"
-    dims = raw["shape"]
-    if not (isinstance(dims, list) and all(_is_int(d) for d in dims)):
-        raise InvalidInput(f"{where}.shape: expected a list of integers {expected}")
+    dims = tensor.shape
     if len(dims) != 1 + len(shape) or tuple(dims[1:]) != shape:
         raise InvalidInput(f"{where}.shape: expected {expected}, got {dims}")
     batch = dims[0]
@@ -301,10 +281,8 @@ def _input_tensor(
         raise InvalidInput(
             f"{where}.shape: {batch} instances in one request, at most {max_instances} allowed"
         )
-    data = raw["data"]
+    data = tensor.data
     size = batch * math.prod(shape)
-    if not isinstance(data, list):
-        raise InvalidInput(f"{where}.data: expected a list of numbers")
     if len(data) not in (size, batch):
         raise InvalidInput(
             f"{where}.data: expected {size} numbers (flat) or nested as {dims}, "
@@ -317,7 +295,7 @@ def _input_tensor(
             f"{where}.data: ragged or too deeply nested lists; expected the shape {dims}"
         ) from None
     if arr.dtype.kind not in "iuf":
-        raise InvalidInput(f"{where}.data: expected numbers, got {_kind(arr)}")
+        raise InvalidInput(f"{where}.data: expected numbers, got {kind_text(arr)}")
     if arr.shape not in ((size,), tuple(dims)):
         got = "×".join(map(str, arr.shape))
         raise InvalidInput(f"{where}.data: expected {size} numbers or the shape {dims}, got {got}")
@@ -326,33 +304,30 @@ def _input_tensor(
     return torch.from_numpy(values.astype(np.float32))
 
 
-def _kind(arr: np.ndarray) -> str:
-    return {"b": "booleans", "U": "strings", "S": "bytes", "O": "non-numeric values"}.get(
-        arr.dtype.kind, str(arr.dtype)
+def parse_infer_request(
+    request: InferRequest, served: ServedModel, max_instances: int
+) -> ParsedInfer:
+    """The validated body's tensor against the served model's card; every rejection is an
+    :class:`InvalidInput` naming the field (→ 400 ``{"error": …}``)."""
+    parameters = request.parameters or InferParameters()
+    x = _input_tensor(request.inputs[0], served.input_shape, served.input_range, max_instances)
+    return ParsedInfer(
+        x, request.id, parameters.mc_samples, parameters.seed, _outputs(request, served)
     )
 
 
-def parse_infer_request(payload: Any, serving: ServedModel, max_instances: int) -> ParsedInfer:
-    """Validate a decoded JSON body; every rejection is an :class:`InvalidInput` naming the
-    field (→ 400 ``{"error": …}``)."""
-    if not isinstance(payload, dict):
-        raise InvalidInput("body: expected a JSON object with 'inputs'")
-    _unknown("body", list(payload), REQUEST_FIELDS)
-    request_id = payload.get("id")
-    if request_id is not None and not (
-        isinstance(request_id, str) and len(request_id) <= MAX_ID_LENGTH
-    ):
-        raise InvalidInput(f"id: expected a string of at most {MAX_ID_LENGTH} characters")
-    k, seed = _parameters(payload.get("parameters"))
-    outputs = _outputs(payload.get("outputs"), output_table(serving))
-    inputs = payload.get("inputs")
-    if not isinstance(inputs, list) or len(inputs) != 1:
-        got = f"{len(inputs)} inputs" if isinstance(inputs, list) else "no list"
-        raise InvalidInput(
-            f"inputs: expected a list with exactly one tensor named '{INPUT_NAME}', got {got}"
-        )
-    x = _input_tensor(inputs[0], serving.input_shape, serving.input_range, max_instances)
-    return ParsedInfer(x, request_id, k, seed, outputs)
+def _outputs(request: InferRequest, served: ServedModel) -> list[str]:
+    """The requested output names (all by default), each one this model has."""
+    table = output_table(served)
+    if request.outputs is None:
+        return list(table)
+    names = [output.name for output in request.outputs]
+    for i, name in enumerate(names):
+        if name not in table:
+            raise InvalidInput(
+                f"outputs[{i}].name: unknown output {name!r}; this model has {', '.join(table)}"
+            )
+    return names
 
 
 # --- response ---------------------------------------------------------------------------------

@@ -76,7 +76,14 @@ class Metrics:
         # Single process: the metrics live in this app's own registry (tests build many apps in
         # one process). Multiprocess: values go to files; exposition reads all processes' files.
         self._registry = None if self.directory else CollectorRegistry(auto_describe=True)
-        reg = self._registry
+        self._define_http_metrics(self._registry)
+        self._define_inference_metrics(self._registry)
+        self._define_model_metrics(self._registry)
+        self._model_labels: tuple[str, str, str] | None = None
+        for outcome in OUTCOMES:  # exported at 0 from the start
+            self.inference_requests.labels(outcome)
+
+    def _define_http_metrics(self, reg: CollectorRegistry | None) -> None:
         self.http_requests = Counter(
             "bayesgate_http_requests",
             "HTTP requests answered, by route template and status",
@@ -90,6 +97,8 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=reg,
         )
+
+    def _define_inference_metrics(self, reg: CollectorRegistry | None) -> None:
         self.inference_requests = Counter(
             "bayesgate_inference_requests",
             "inference jobs by outcome: succeeded, failed (engine error), expired (deadline passed "
@@ -121,6 +130,8 @@ class Metrics:
             multiprocess_mode="livesum",
             registry=reg,
         )
+
+    def _define_model_metrics(self, reg: CollectorRegistry | None) -> None:
         self.instances = Counter("bayesgate_instances", "instances (images) answered", registry=reg)
         self.adversarial = Counter(
             "bayesgate_adversarial_instances",
@@ -146,9 +157,6 @@ class Metrics:
             multiprocess_mode="livemin",
             registry=reg,
         )
-        self._model_labels: tuple[str, str, str] | None = None
-        for outcome in OUTCOMES:  # exported at 0 from the start
-            self.inference_requests.labels(outcome)
 
     # --- recording (event loop and worker thread; prometheus_client locks internally) ------------
 

@@ -105,34 +105,32 @@ class RequestContextMiddleware:
             status = 500
             raise
         finally:
-            seconds = time.perf_counter() - start
-            route = self.route_of(scope.get("path", ""))
-            method = scope.get("method", "")
-            if self.metrics is not None:
-                self.metrics.observe_http(method, route, status, seconds)
-            if self.access_log:
-                level = logging.DEBUG if route in QUIET_ROUTES and status < 400 else logging.INFO
-                if access_log.isEnabledFor(level):
-                    client = scope.get("client")
-                    access_log.log(
-                        level,
-                        "%s %s %d",
-                        method,
-                        scope.get("path", ""),
-                        status,
-                        extra={
-                            "fields": {
-                                "method": method,
-                                "path": scope.get("path", ""),
-                                "route": route,
-                                "status": status,
-                                "duration_ms": round(seconds * 1000, 3),
-                                "bytes_sent": sent,
-                                "client": f"{client[0]}:{client[1]}" if client else None,
-                            }
-                        },
-                    )
+            self._record(scope, status, sent, time.perf_counter() - start)
             REQUEST_ID.reset(token)
+
+    def _record(self, scope: Scope, status: int, sent: int, seconds: float) -> None:
+        """Prometheus metrics by route template, and one access-log line (probes at DEBUG)."""
+        route = self.route_of(scope.get("path", ""))
+        method = scope.get("method", "")
+        if self.metrics is not None:
+            self.metrics.observe_http(method, route, status, seconds)
+        if not self.access_log:
+            return
+        level = logging.DEBUG if route in QUIET_ROUTES and status < 400 else logging.INFO
+        if not access_log.isEnabledFor(level):
+            return
+        client = scope.get("client")
+        path = scope.get("path", "")
+        fields = {
+            "method": method,
+            "path": path,
+            "route": route,
+            "status": status,
+            "duration_ms": round(seconds * 1000, 3),
+            "bytes_sent": sent,
+            "client": f"{client[0]}:{client[1]}" if client else None,
+        }
+        access_log.log(level, "%s %s %d", method, path, status, extra={"fields": fields})
 
 
 class BodyLimitMiddleware:

@@ -25,6 +25,7 @@ import tempfile
 import threading
 from pathlib import Path
 from types import FrameType, ModuleType
+from typing import Any
 
 from bayesgate.service.control import forget_admin_changes
 from bayesgate.service.logs import configure_logging
@@ -99,12 +100,36 @@ def _check_reachable(address: str) -> None:
         raise ValueError(f"cannot reach the Ray cluster at {address}: {exc}") from None
 
 
-def run_on_ray(settings: Settings, address: str | None, detach: bool) -> int:
-    """Deploy and (unless ``detach``) serve until a signal; returns the exit code."""
+def _deploy(settings: Settings, ray_settings: RaySettings) -> dict[str, Any]:
+    """Start Serve's proxy and deploy the application on the connected cluster; returns the
+    deployment options (:class:`DeployFailed` when a replica cannot start)."""
     import ray
     from ray import serve
 
     from bayesgate.service.ray_app import build_application
+
+    cluster_gpus = float(ray.cluster_resources().get("GPU", 0.0))
+    options = cluster_options(settings, ray_settings, cluster_gpus)
+    app = build_application(options)
+    serve.start(
+        http_options={
+            "host": settings.host,
+            "port": settings.port,
+            "request_timeout_s": settings.request_timeout_s + PROXY_TIMEOUT_MARGIN_S,
+        },
+        logging_config=ray_logging_config(settings),  # the proxy's and controller's logs
+    )
+    try:
+        serve.run(app, name=ray_settings.app_name, route_prefix="/")
+    except RuntimeError as exc:
+        raise DeployFailed(f"deployment failed: {exc}") from exc
+    return options
+
+
+def run_on_ray(settings: Settings, address: str | None, detach: bool) -> int:
+    """Deploy and (unless ``detach``) serve until a signal; returns the exit code."""
+    import ray
+    from ray import serve
 
     configure_logging(settings.log_level, settings.log_format)
     ray_settings = RaySettings()
@@ -125,21 +150,7 @@ def run_on_ray(settings: Settings, address: str | None, detach: bool) -> int:
     try:
         _connect(ray, address, env)
         signal.signal(signal.SIGTERM, on_signal)  # again: ray.init installs its own (it aborts)
-        cluster_gpus = float(ray.cluster_resources().get("GPU", 0.0))
-        options = cluster_options(settings, ray_settings, cluster_gpus)
-        app = build_application(options)
-        serve.start(
-            http_options={
-                "host": settings.host,
-                "port": settings.port,
-                "request_timeout_s": settings.request_timeout_s + PROXY_TIMEOUT_MARGIN_S,
-            },
-            logging_config=ray_logging_config(settings),  # the proxy's and controller's logs
-        )
-        try:
-            serve.run(app, name=ray_settings.app_name, route_prefix="/")
-        except RuntimeError as exc:
-            raise DeployFailed(f"deployment failed: {exc}") from exc
+        options = _deploy(settings, ray_settings)
         log.info(
             "ready on Ray: http://%s:%d/ (application %s, %s); %s",
             settings.host,

@@ -1,49 +1,141 @@
 """Request and response bodies of the ``/v1`` API (pydantic), and the ``/v1`` encoding of the
-worker's :class:`~bayesgate.service.prediction.Prediction` s."""
+worker's :class:`~bayesgate.service.prediction.Prediction` s.
+
+Each request model both validates its route's body (strictly: ``true`` is not an integer, ``"5"``
+is not a number, ``"yes"`` is not a boolean) and documents it in the OpenAPI schema. Limits that
+come from the settings (``mc_samples`` ≤ ``BAYESGATE_MAX_MC_SAMPLES``, at most
+``BAYESGATE_MAX_INSTANCES`` images) are put in by :func:`predict_request_model` and
+:func:`file_form_model`, once per app. Array contents (784 numbers per image) are not validated
+value by value here: :mod:`bayesgate.service.inputs` checks them in one array operation.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from operator import attrgetter
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import UploadFile
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic_core import PydanticCustomError
 
 from bayesgate.service.prediction import Prediction
+from bayesgate.service.settings import Settings
 
 MAX_SEED = 2**63 - 1
+MC_SAMPLES = "MC dropout passes K (default: BAYESGATE_DEFAULT_MC_SAMPLES, else the calibration's K)"
+SEED = "seed of the dropout masks: the same input, seed and K give the same numbers"
+
+
+def schema_only(**keywords: Any) -> Callable[[dict[str, Any]], None]:
+    """``json_schema_extra`` that documents ``keywords`` (checked by the decoders, which answer
+    with their own status, e.g. 413 for too many images) and drops the ``default`` of a field
+    that may be absent but not ``null``."""
+
+    def apply(schema: dict[str, Any]) -> None:
+        schema.pop("default", None)
+        schema.update(keywords)
+
+    return apply
 
 
 class PredictRequest(BaseModel):
     """``POST /v1/predict``: exactly one of ``instances`` or ``images``."""
 
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={"oneOf": [{"required": ["instances"]}, {"required": ["images"]}]},
+    )
+
+    instances: list[Any] = Field(
+        None,  # absent; an explicit null is rejected
+        description="images as nested lists (1×28×28 or 28×28) or flat 784 lists, values in [0,1]",
+        json_schema_extra=schema_only(minItems=1, items={"type": "array"}),
+    )
+    images: list[str] = Field(
+        None,
+        description="base64-encoded PNG files, 8-bit grayscale 28×28 (scaled by /255)",
+        json_schema_extra=schema_only(minItems=1),
+    )
+    mc_samples: int | None = Field(None, ge=1, description=MC_SAMPLES)
+    return_samples: bool = Field(False, description="also return the K×C sampled probabilities")
+    seed: int | None = Field(None, ge=0, le=MAX_SEED, description=SEED)
+
+    @model_validator(mode="after")
+    def _exactly_one_input(self) -> PredictRequest:
+        if ("instances" in self.model_fields_set) == ("images" in self.model_fields_set):
+            raise PydanticCustomError(
+                "one_input", "give exactly one of 'instances' (arrays) or 'images' (base64 PNG)"
+            )
+        return self
+
+
+class FileForm(BaseModel):
+    """``POST /v1/predict/file``: one PNG in ``file``, options as form fields (form fields are
+    text: ``mc_samples=5`` is the number 5, ``return_samples=true`` the boolean)."""
+
     model_config = ConfigDict(extra="forbid")
 
-    instances: list[Any] | None = Field(
-        None,
-        description="images as nested lists (1×28×28 or 28×28) or flat 784 lists, values in [0,1]",
-    )
-    images: list[Any] | None = Field(
-        None, description="base64-encoded PNG files, 8-bit grayscale 28×28 (scaled by /255)"
-    )
-    mc_samples: int | None = Field(
-        None, description="MC dropout passes K (1 … max_mc_samples; default: the server's)"
-    )
+    file: UploadFile = Field(description="one PNG file, 8-bit grayscale 28×28")
+    mc_samples: int | None = Field(None, ge=1, description=MC_SAMPLES)
     return_samples: bool = Field(False, description="also return the K×C sampled probabilities")
-    seed: int | None = Field(
-        None, ge=0, le=MAX_SEED, description="seed of the dropout masks: same input+seed+K → same"
+    seed: int | None = Field(None, ge=0, le=MAX_SEED, description=SEED)
+
+
+def _bounded_k(settings: Settings) -> tuple[Any, Any]:
+    return (
+        int | None,
+        Field(None, ge=1, le=settings.max_mc_samples, description=MC_SAMPLES),
+    )
+
+
+def predict_request_model(settings: Settings) -> type[PredictRequest]:
+    """:class:`PredictRequest` with this server's limits in its schema (and ``mc_samples``
+    validated against them)."""
+    instances = (
+        list[Any],
+        Field(
+            None,
+            description=PredictRequest.model_fields["instances"].description,
+            json_schema_extra=schema_only(
+                minItems=1, maxItems=settings.max_instances, items={"type": "array"}
+            ),
+        ),
+    )
+    images = (
+        list[str],
+        Field(
+            None,
+            description=PredictRequest.model_fields["images"].description,
+            json_schema_extra=schema_only(minItems=1, maxItems=settings.max_instances),
+        ),
+    )
+    return create_model(
+        "PredictRequest",
+        __base__=PredictRequest,
+        __module__=__name__,
+        instances=instances,
+        images=images,
+        mc_samples=_bounded_k(settings),
+    )
+
+
+def file_form_model(settings: Settings) -> type[FileForm]:
+    """:class:`FileForm` with this server's bound on ``mc_samples``."""
+    return create_model(
+        "FileForm", __base__=FileForm, __module__=__name__, mc_samples=_bounded_k(settings)
     )
 
 
 class ModelRef(BaseModel):
-    model_config = ConfigDict(from_attributes=True)
-
     name: str
     weights_sha256: str
 
 
 class InstancePrediction(BaseModel):
-    """The ``/v1`` encoding of one :class:`~bayesgate.service.prediction.Prediction`."""
-
-    model_config = ConfigDict(from_attributes=True)
+    """The ``/v1`` encoding of one :class:`~bayesgate.service.prediction.Prediction` (its fields
+    of the same names)."""
 
     label: int = Field(description="class index argmax_c p̄_c")
     class_name: str
@@ -80,20 +172,24 @@ class PredictResponse(BaseModel):
     predictions: list[InstancePrediction]
 
 
-def predict_response(predictions: list[Prediction], k: int, seed: int | None) -> PredictResponse:
-    """The ``/v1`` answer: one engine call computed a request's predictions, so they all name the
-    same model, the one reported at the top."""
+INSTANCE_FIELDS = tuple(InstancePrediction.model_fields)
+_instance_values = attrgetter(*INSTANCE_FIELDS)
+
+
+def predict_response(predictions: list[Prediction], k: int, seed: int | None) -> dict[str, Any]:
+    """The ``/v1`` answer (validated and serialised once, by the route's ``response_model``): one
+    engine call computed a request's predictions, so they all name the same model, the one
+    reported at the top."""
     model = predictions[0].model
-    return PredictResponse.model_validate(
-        {
-            "model": model,
-            "mc_samples": k,
-            "calibration_mc_samples": model.calibration_mc_samples,
-            "seed": seed,
-            "predictions": predictions,
-        },
-        from_attributes=True,
-    )
+    return {
+        "model": {"name": model.name, "weights_sha256": model.weights_sha256},
+        "mc_samples": k,
+        "calibration_mc_samples": model.calibration_mc_samples,
+        "seed": seed,
+        "predictions": [
+            dict(zip(INSTANCE_FIELDS, _instance_values(p), strict=True)) for p in predictions
+        ],
+    }
 
 
 class ModelList(BaseModel):

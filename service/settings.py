@@ -18,6 +18,7 @@ DEFAULT_MODEL_DIR = Path(models.__file__).parent / "pretrained" / "bayesgate-def
 
 LogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
 LogFormat = Literal["json", "text"]
+MetricsPlacement = Literal["public", "protected", "off"]
 MIN_API_KEY_LENGTH = 16
 
 
@@ -53,6 +54,10 @@ class Settings(BaseSettings):
     )
     access_log: bool = Field(True, description="one log line per HTTP request")
     docs: bool = Field(True, description="serve /docs, /redoc and /openapi.json")
+    metrics: MetricsPlacement = Field(
+        "public",
+        description="GET /metrics: public (no key), protected (the admin API key) or off",
+    )
     api_key: SecretStr | None = Field(
         None, description="key of the admin routes; unset (and no key file) = admin disabled"
     )
@@ -91,6 +96,15 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"default_mc_samples ({self.default_mc_samples}) exceeds max_mc_samples "
                 f"({self.max_mc_samples})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_metrics_key(self) -> Settings:
+        if self.metrics == "protected" and self.api_key is None and self.api_key_file is None:
+            raise ValueError(
+                "metrics=protected serves /metrics behind the admin API key: set "
+                "BAYESGATE_API_KEY_FILE (or BAYESGATE_API_KEY)"
             )
         return self
 

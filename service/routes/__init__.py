@@ -1,27 +1,40 @@
 """HTTP routes: ``/v1`` predictions and models, the Open Inference Protocol under ``/v2``, health,
-readiness and metrics, and the key-protected ``/admin`` routes."""
+readiness and metrics, and the key-protected ``/admin`` routes.
+
+The routers are built per app (:func:`api_routers`): the request body types carry that app's
+limits (``mc_samples`` ≤ ``BAYESGATE_MAX_MC_SAMPLES``, …) and ``/metrics`` its placement.
+"""
 
 from fastapi import APIRouter
 
 from bayesgate.service.routes import admin, health, models, predict, v2
-
-# (prefix, router): the single list both the app and the route templates are built from.
-INCLUDED: tuple[tuple[str, APIRouter], ...] = (
-    ("", health.router),
-    ("/v1", predict.router),
-    ("/v1", models.router),
-    ("/v2", v2.router),
-    ("", admin.router),
-)
-
-api_router = APIRouter()
-for _prefix, _router in INCLUDED:
-    api_router.include_router(_router, prefix=_prefix)
+from bayesgate.service.settings import Settings
 
 
-def route_templates() -> list[str]:
+def api_routers(settings: Settings) -> list[tuple[str, APIRouter]]:
+    """(prefix, router) of every route group: the single list the app includes and the route
+    templates (metrics labels) are read from."""
+    return [
+        ("", health.build_router(settings)),
+        ("/v1", predict.build_router(settings)),
+        ("/v1", models.router),
+        ("/v2", v2.build_router(settings)),
+        ("", admin.router),
+    ]
+
+
+def route_templates(routers: list[tuple[str, APIRouter]]) -> list[str]:
     """Full path templates of the API routes, e.g. ``/v2/models/{name}/infer`` (metrics labels)."""
-    return [prefix + route.path for prefix, router in INCLUDED for route in router.routes]
+    return [template for template, _ in route_methods(routers)]
 
 
-__all__ = ["api_router", "route_templates"]
+def route_methods(routers: list[tuple[str, APIRouter]]) -> list[tuple[str, set[str]]]:
+    """(full path template, methods) of every API route."""
+    return [
+        (prefix + route.path, set(getattr(route, "methods", None) or ()))
+        for prefix, router in routers
+        for route in router.routes
+    ]
+
+
+__all__ = ["api_routers", "route_methods", "route_templates"]

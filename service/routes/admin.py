@@ -19,13 +19,13 @@ from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from bayesgate.service.auth import require_admin
 from bayesgate.service.control import AdminState, ModelControl
 from bayesgate.service.deps import ServedDep
-from bayesgate.service.errors import InvalidInput, describe_validation_errors
-from bayesgate.service.inputs import parse_json
+from bayesgate.service.errors import InvalidInput
+from bayesgate.service.request_body import ReadBodyFirst
 from bayesgate.service.schemas import error_responses
 
 router = APIRouter(
@@ -33,13 +33,17 @@ router = APIRouter(
     tags=["admin"],
     dependencies=[Depends(require_admin)],
     responses=error_responses(401, 403, 422, 503),
+    route_class=ReadBodyFirst,
 )
-
 
 class ThresholdRequest(BaseModel):
     """``PUT /admin/threshold``: at least one of the two."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={"anyOf": [{"required": ["score"]}, {"required": ["threshold"]}]},
+    )
 
     score: str | None = Field(
         None,
@@ -92,24 +96,10 @@ async def reload(request: Request, _: ServedDep) -> dict[str, Any]:
     return _result(request, state)
 
 
-@router.put(
-    "/threshold",
-    response_model=AdminResult,
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": ThresholdRequest.model_json_schema()}},
-        }
-    },
-)
-async def set_threshold(request: Request, _: ServedDep) -> dict[str, Any]:
+@router.put("/threshold", response_model=AdminResult)
+async def set_threshold(body: ThresholdRequest, request: Request, _: ServedDep) -> dict[str, Any]:
     """Flag inputs by ``score > threshold``; a missing score keeps the active one, a missing
     threshold takes calibration.json's for that score."""
-    payload = parse_json(await request.body())
-    try:
-        body = ThresholdRequest.model_validate(payload)
-    except ValidationError as exc:
-        raise InvalidInput(describe_validation_errors(exc.errors())) from None
     state = await _control(request).set_decision(body.score, body.threshold)
     return _result(request, state)
 

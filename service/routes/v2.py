@@ -16,14 +16,15 @@ inference itself is the same worker job as ``/v1/predict``, so the same input, s
 the same numbers on both APIs.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: the body type is built per app, inside build_router,
+# and FastAPI reads the endpoints' annotations as objects.
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
-from bayesgate.service.deps import ReadyDep, ServedDep, SettingsDep, WorkerDep, mc_samples_for
+from bayesgate.service.deps import ReadyDep, ServedDep, SettingsDep, WorkerDep, default_mc_samples
 from bayesgate.service.errors import InvalidInput, ModelNotFound
 from bayesgate.service.inference_protocol import (
     InferRequest,
@@ -33,96 +34,119 @@ from bayesgate.service.inference_protocol import (
     ModelReadyResponse,
     ReadyResponse,
     ServerMetadata,
+    infer_request_model,
     infer_response,
     model_metadata,
     parse_infer_request,
 )
-from bayesgate.service.inputs import parse_json
+from bayesgate.service.request_body import ReadBodyFirst, media_type
 from bayesgate.service.schemas import error_responses
 from bayesgate.service.served_model import ServedModel
-
-router = APIRouter(tags=["open inference protocol (v2)"])
+from bayesgate.service.settings import Settings
 
 SERVER_NAME = "bayesgate"
 EXTENSIONS = ["parameters"]  # request and response "parameters" (mc_samples, seed, …)
 
 
-def _check_name(name: str, served: ServedModel) -> None:
+async def named_model(name: str, served: ServedDep) -> ServedModel:
+    """The served model when the path names it; 404 otherwise."""
     if name != served.name:
         raise ModelNotFound(f"unknown model {name!r}; this server serves {served.name!r}")
+    return served
 
 
-@router.get("", response_model=ServerMetadata, responses=error_responses(v2=True))
-async def server_metadata(request: Request) -> dict[str, Any]:
-    """Server name, version and the protocol extensions it supports."""
-    return {"name": SERVER_NAME, "version": request.app.version, "extensions": EXTENSIONS}
+async def ready_named_model(name: str, served: ReadyDep) -> ServedModel:
+    return await named_model(name, served)
 
 
-@router.get("/health/live", response_model=LiveResponse)
-async def live() -> dict[str, bool]:
-    """Liveness: 200 as long as the event loop answers."""
-    return {"live": True}
-
-
-@router.get("/health/ready", response_model=ReadyResponse, responses=error_responses(503, v2=True))
-async def ready(served: ReadyDep) -> dict[str, bool]:
-    """Readiness: 200 once the model is loaded and warmed up; 503 before and while draining."""
-    return {"ready": True}
-
-
-@router.get(
-    "/models/{name}",
-    response_model=ModelMetadata,
-    responses=error_responses(400, 404, 503, v2=True),
-)
-async def get_model_metadata(name: str, served: ServedDep) -> dict[str, Any]:
-    """The model's input and output tensors (names, datatypes, shapes)."""
-    _check_name(name, served)
-    return model_metadata(served)
-
-
-@router.get(
-    "/models/{name}/ready",
-    response_model=ModelReadyResponse,
-    responses=error_responses(400, 404, 503, v2=True),
-)
-async def model_ready(name: str, served: ReadyDep) -> dict[str, Any]:
-    """200 when the model takes traffic; 503 while loading or draining."""
-    _check_name(name, served)
-    return {"name": name, "ready": True}
-
-
-@router.post(
-    "/models/{name}/infer",
-    response_model=InferResponse,
-    responses=error_responses(400, 404, 413, 500, 503, v2=True),
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": InferRequest.model_json_schema()}},
-        }
-    },
-)
-async def infer(
-    name: str,
-    request: Request,
-    settings: SettingsDep,
-    served: ServedDep,
-    worker: WorkerDep,
-) -> JSONResponse:
-    """Label, probabilities, uncertainty and the adversarial flag of each instance of ``input``."""
-    _check_name(name, served)
+async def json_tensors_only(request: Request) -> None:
+    """400 for the binary tensor extension and for a Content-Type other than JSON (or none)."""
     if "inference-header-content-length" in request.headers:
         raise InvalidInput(
             "binary tensor data is not supported by this server; send JSON tensors "
             "(tritonclient: binary_data=False)"
         )
-    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    content_type = media_type(request)
     if content_type not in ("", "application/json"):
         raise InvalidInput(f"Content-Type must be application/json (or absent), got {content_type}")
-    parsed = parse_infer_request(parse_json(await request.body()), served, settings.max_instances)
-    k = mc_samples_for(parsed.mc_samples, settings, served)
-    predictions = await worker.predict(
-        parsed.x, k, seed=parsed.seed, timeout_s=settings.request_timeout_s
+
+
+NamedDep = Annotated[ServedModel, Depends(named_model)]
+ReadyNamedDep = Annotated[ServedModel, Depends(ready_named_model)]
+
+
+def build_router(settings: Settings) -> APIRouter:
+    """The ``/v2`` routes, with this server's bound on ``mc_samples`` in the infer body type."""
+    router = APIRouter(
+        tags=["open inference protocol (v2)"],
+        route_class=ReadBodyFirst,
+        strict_content_type=False,  # a body without Content-Type is JSON (as Triton reads it)
     )
-    return JSONResponse(infer_response(predictions, parsed, k))
+    add_metadata_routes(router)
+    add_infer_route(router, infer_request_model(settings))
+    return router
+
+
+def add_metadata_routes(router: APIRouter) -> None:
+    """Server and model metadata, liveness and readiness."""
+
+    @router.get("", response_model=ServerMetadata, responses=error_responses(v2=True))
+    async def server_metadata(request: Request) -> dict[str, Any]:
+        """Server name, version and the protocol extensions it supports."""
+        return {"name": SERVER_NAME, "version": request.app.version, "extensions": EXTENSIONS}
+
+    @router.get("/health/live", response_model=LiveResponse)
+    async def live() -> dict[str, bool]:
+        """Liveness: 200 as long as the event loop answers."""
+        return {"live": True}
+
+    @router.get(
+        "/health/ready", response_model=ReadyResponse, responses=error_responses(503, v2=True)
+    )
+    async def ready(served: ReadyDep) -> dict[str, bool]:
+        """Readiness: 200 once the model is loaded and warmed up; 503 before and while
+        draining."""
+        return {"ready": True}
+
+    @router.get(
+        "/models/{name}",
+        response_model=ModelMetadata,
+        responses=error_responses(400, 404, 503, v2=True),
+    )
+    async def get_model_metadata(served: NamedDep) -> dict[str, Any]:
+        """The model's input and output tensors (names, datatypes, shapes)."""
+        return model_metadata(served)
+
+    @router.get(
+        "/models/{name}/ready",
+        response_model=ModelReadyResponse,
+        responses=error_responses(400, 404, 503, v2=True),
+    )
+    async def model_ready(served: ReadyNamedDep) -> dict[str, Any]:
+        """200 when the model takes traffic; 503 while loading or draining."""
+        return {"name": served.name, "ready": True}
+
+
+def add_infer_route(router: APIRouter, infer_request: type[InferRequest]) -> None:
+    """``POST /models/{name}/infer`` taking ``infer_request`` bodies."""
+
+    @router.post(
+        "/models/{name}/infer",
+        response_model=InferResponse,
+        responses=error_responses(400, 404, 413, 500, 503, v2=True),
+        dependencies=[Depends(json_tensors_only)],
+    )
+    async def infer(
+        body: infer_request,  # type: ignore[valid-type]
+        settings: SettingsDep,
+        served: NamedDep,
+        worker: WorkerDep,
+    ) -> JSONResponse:
+        """Label, probabilities, uncertainty and the adversarial flag of each instance of
+        ``input``."""
+        parsed = parse_infer_request(body, served, settings.max_instances)
+        k = default_mc_samples(settings, served) if parsed.mc_samples is None else parsed.mc_samples
+        predictions = await worker.predict(
+            parsed.x, k, seed=parsed.seed, timeout_s=settings.request_timeout_s
+        )
+        return JSONResponse(infer_response(predictions, parsed, k))

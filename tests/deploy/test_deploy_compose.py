@@ -17,14 +17,17 @@ from bayesgate.service.settings import Settings
 
 SCHEMA_ARGS = ["--builtin-schema", "vendor.compose-spec"]
 
-# Settings the compose file deliberately sets to other values than the service's defaults.
-DEPLOYMENT_SPECIFIC = {"host", "port", "model_dir", "device"}
-
 
 def _validate(check_jsonschema: str, path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [check_jsonschema, *SCHEMA_ARGS, str(path)], capture_output=True, text=True, timeout=120
     )
+
+
+def _container_env(dockerfile: Dockerfile, name: str, service: Any, shell: dict[str, str]) -> Any:
+    """The container's environment: the image's ENV overlaid with the service's."""
+    variant = "gpu" if name == "bayesgate" else "cpu"
+    return {**dockerfile.env({"VARIANT": variant}), **compose_environment(service, shell)}
 
 
 def test_compose_file_follows_the_compose_specification(check_jsonschema: str) -> None:
@@ -82,26 +85,34 @@ def test_environment_value_without_a_value_passes_through_or_is_unset() -> None:
     assert compose_environment({"environment": ["X=1", "PASS"]}, {}) == {"X": "1"}
 
 
-def test_gpu_service_reserves_one_nvidia_gpu(compose: dict[str, Any]) -> None:
+def test_gpu_service_reserves_one_nvidia_gpu(
+    compose: dict[str, Any], dockerfile: Dockerfile
+) -> None:
     gpu = compose["services"]["bayesgate"]
     assert "profiles" not in gpu, "the GPU service is the default one"
     devices = gpu["deploy"]["resources"]["reservations"]["devices"]
     assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
     assert gpu["build"]["args"]["VARIANT"] == "gpu"
-    assert compose_environment(gpu, {})["BAYESGATE_DEVICE"] == "cuda"
+    assert _container_env(dockerfile, "bayesgate", gpu, {})["BAYESGATE_DEVICE"] == "cuda"
 
 
-def test_cpu_service_is_profile_gated_and_reserves_no_gpu(compose: dict[str, Any]) -> None:
+def test_cpu_service_is_profile_gated_and_reserves_no_gpu(
+    compose: dict[str, Any], dockerfile: Dockerfile
+) -> None:
     cpu = compose["services"]["bayesgate-cpu"]
     assert cpu["profiles"] == ["cpu"]
     assert "deploy" not in cpu
     assert cpu["build"]["args"]["VARIANT"] == "cpu"
-    assert compose_environment(cpu, {})["BAYESGATE_DEVICE"] == "cpu"
-    # Apart from the device (and the CPU thread count), both services serve the same way.
-    gpu_env = compose_environment(compose["services"]["bayesgate"], {})
-    cpu_env = compose_environment(cpu, {})
+    assert _container_env(dockerfile, "bayesgate-cpu", cpu, {})["BAYESGATE_DEVICE"] == "cpu"
+    # Apart from the device (the image's; only the GPU one may be changed) and the CPU thread
+    # count, both services serve the same way.
+    gpu = compose["services"]["bayesgate"]
+    assert set(gpu["environment"]) - set(cpu["environment"]) == {"BAYESGATE_DEVICE"}
+    assert set(cpu["environment"]) - set(gpu["environment"]) == {"BAYESGATE_NUM_THREADS"}
+    gpu_env = _container_env(dockerfile, "bayesgate", gpu, {})
+    cpu_env = _container_env(dockerfile, "bayesgate-cpu", cpu, {})
     differing = {k for k in gpu_env.keys() | cpu_env.keys() if gpu_env.get(k) != cpu_env.get(k)}
-    assert differing == {"BAYESGATE_DEVICE", "BAYESGATE_NUM_THREADS"}
+    assert differing == {"BAYESGATE_DEVICE"}
 
 
 def test_optional_services_are_profile_gated(compose: dict[str, Any]) -> None:
@@ -113,27 +124,37 @@ def test_optional_services_are_profile_gated(compose: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("name", ["bayesgate", "bayesgate-cpu"])
-def test_service_environment_names_real_settings_with_their_defaults(
-    compose: dict[str, Any], name: str
+def test_service_environment_restates_no_default(
+    compose: dict[str, Any], dockerfile: Dockerfile, name: str
 ) -> None:
-    """Every BAYESGATE_* variable is a setting (a typo would be silently ignored by the service),
-    and the defaults written in the compose file are the service's own, but for the deployment
-    ones (listen address, port, model directory, device)."""
-    env = compose_environment(compose["services"][name], {})
+    """Every BAYESGATE_* variable is a setting (a typo would be silently ignored by the service)
+    and none carries a value: defaults live in the service's Settings and the image's ENV only,
+    and the compose file passes through what the shell sets."""
+    service = compose["services"][name]
     fields = Settings.model_fields
-    for key in compose["services"][name]["environment"]:  # including pass-through ones
-        assert key.removeprefix("BAYESGATE_").lower() in fields, f"{key} is not a setting"
-    for key, value in env.items():
+    for key, value in service["environment"].items():
         assert key.startswith("BAYESGATE_"), key
-        field = key.removeprefix("BAYESGATE_").lower()
-        assert field in fields, f"{key} is not a setting of bayesgate.service.settings.Settings"
-        if field in DEPLOYMENT_SPECIFIC:
-            continue
-        parsed = getattr(Settings(**{field: value}), field)
-        assert parsed == fields[field].default, f"{key}={value!r} differs from the default"
-    container = Settings(**{k.removeprefix("BAYESGATE_").lower(): v for k, v in env.items()})
-    assert container.host == "0.0.0.0"
-    assert str(container.model_dir) == "/opt/bayesgate/default-model"
+        assert key.removeprefix("BAYESGATE_").lower() in fields, f"{key} is not a setting"
+        assert value is None, f"{key}: {value!r} restates a default; list it without a value"
+    container = _container_env(dockerfile, name, service, {})
+    settings = Settings(
+        **{
+            k.removeprefix("BAYESGATE_").lower(): v
+            for k, v in container.items()
+            if k.startswith("BAYESGATE_")
+        }
+    )
+    assert settings.host == "0.0.0.0" and settings.port == 8000
+    assert str(settings.model_dir) == "/opt/bayesgate/default-model"
+    assert settings.device == ("cuda" if name == "bayesgate" else "cpu")
+    shell = {"BAYESGATE_MAX_BATCH_SIZE": "32", "BAYESGATE_MODEL_DIR": "/models/cnn"}
+    passed = _container_env(dockerfile, name, service, shell)
+    assert passed["BAYESGATE_MAX_BATCH_SIZE"] == "32"
+    assert passed["BAYESGATE_MODEL_DIR"] == "/models/cnn"
+    grace = service["stop_grace_period"]
+    assert re.fullmatch(r"\d+s", grace)
+    defaults = Settings()
+    assert int(grace[:-1]) >= defaults.drain_delay_s + defaults.drain_timeout_s + 5
 
 
 @pytest.mark.parametrize("name", ["bayesgate", "bayesgate-cpu"])
@@ -141,10 +162,10 @@ def test_service_ports_volume_healthcheck_and_restart(
     compose: dict[str, Any], dockerfile: Dockerfile, name: str
 ) -> None:
     service = compose["services"][name]
-    env = compose_environment(service, {})
+    env = _container_env(dockerfile, name, service, {})
     (port,) = service["ports"]
     host_port, container_port = interpolate(port, {}).rsplit(":", 1)
-    assert container_port == env["BAYESGATE_PORT"] == dockerfile.env()["BAYESGATE_PORT"]
+    assert container_port == env["BAYESGATE_PORT"]
     assert re.fullmatch(r"\d+(-\d+)?", host_port)
     assert interpolate(port, {"BAYESGATE_HOST_PORT": "8000-8003"}) == "8000-8003:8000"
 

@@ -52,16 +52,21 @@ JSON_CASES: list[tuple[str, Any, int, list[str]]] = [
     ("empty", {"instances": []}, 422, ["instances", "at least one"]),
     ("both", {"instances": [GOOD], "images": [b64(png())]}, 422, ["exactly one"]),
     ("neither", {"mc_samples": 3}, 422, ["exactly one"]),
-    ("K zero", {"instances": [GOOD], "mc_samples": 0}, 422, ["mc_samples", "1 … 30", "got 0"]),
-    ("K too big", {"instances": [GOOD], "mc_samples": 31}, 422, ["mc_samples", "1 … 30"]),
+    (
+        "K zero",
+        {"instances": [GOOD], "mc_samples": 0},
+        422,
+        ["mc_samples", "greater than or equal to 1", "got 0"],
+    ),
+    ("K too big", {"instances": [GOOD], "mc_samples": 31}, 422, ["mc_samples", "equal to 30"]),
     ("K text", {"instances": [GOOD], "mc_samples": "many"}, 422, ["mc_samples", "integer"]),
     ("K float", {"instances": [GOOD], "mc_samples": 2.5}, 422, ["mc_samples"]),
     ("seed < 0", {"instances": [GOOD], "seed": -1}, 422, ["seed", "greater than or equal"]),
-    ("extra field", {"instances": [GOOD], "k": 3}, 422, ["k:", "Extra inputs"]),
+    ("extra field", {"instances": [GOOD], "k": 3}, 422, ["body: unknown field 'k'"]),
     ("instances not list", {"instances": "abc"}, 422, ["instances", "list"]),
     ("bad base64", {"images": ["not*base64!"]}, 422, ["images[0]", "base64"]),
     ("base64 of text", {"images": [b64(b"hello world")]}, 422, ["images[0]", "PNG"]),
-    ("image not string", {"images": [[1, 2]]}, 422, ["images[0]", "base64 string"]),
+    ("image not string", {"images": [[1, 2]]}, 422, ["images[0]", "valid string"]),
     ("JPEG", {"images": [b64(png(fmt="JPEG"))]}, 422, ["images[0]", "expected a PNG", "JPEG"]),
     ("RGB PNG", {"images": [b64(png(mode="RGB"))]}, 422, ["images[0]", "grayscale", "RGB"]),
     ("16-bit PNG", {"images": [b64(png(mode="I;16"))]}, 422, ["images[0]", "mode L"]),
@@ -124,7 +129,7 @@ async def test_wrong_content_types_are_415(client: Any) -> None:
 
 async def test_bad_uploads_are_rejected(client: Any) -> None:
     no_file = await client.post("/v1/predict/file", data={"seed": "1"}, files={"other": b"x"})
-    assert_error(no_file, 422, ["file", "'file'"])
+    assert_error(no_file, 422, ["file: Field required", "unknown field 'other'"])
     not_png = await client.post("/v1/predict/file", files={"file": ("a.png", b"GIF89a....")})
     assert_error(not_png, 422, ["file", "PNG"])
     empty = await client.post("/v1/predict/file", files={"file": ("a.png", b"")})
@@ -134,11 +139,11 @@ async def test_bad_uploads_are_rejected(client: Any) -> None:
     bad_option = await client.post(
         "/v1/predict/file", files={"file": ("a.png", png())}, data={"mc_samples": "31"}
     )
-    assert_error(bad_option, 422, ["mc_samples", "1 … 30"])
+    assert_error(bad_option, 422, ["mc_samples", "equal to 30", "got '31'"])
     extra = await client.post(
         "/v1/predict/file", files={"file": ("a.png", png())}, data={"colour": "red"}
     )
-    assert_error(extra, 422, ["colour", "Extra inputs"])
+    assert_error(extra, 422, ["unknown field 'colour'"])
 
 
 async def test_oversized_bodies_are_413(client: Any) -> None:

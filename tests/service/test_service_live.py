@@ -291,7 +291,7 @@ CATALOGUE: list[tuple[str, str, str, dict[str, str], bytes, int, str]] = [
         JSON_CT,
         _j({"instances": [GOOD], "k": 3}),
         422,
-        "Extra inputs",
+        "unknown field 'k'",
     ),
     (
         "v2 unknown field",

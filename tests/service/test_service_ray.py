@@ -192,6 +192,27 @@ def test_serve_config_is_valid_and_its_args_reach_the_builder(
     assert config["http_options"]["request_timeout_s"] > settings.request_timeout_s
 
 
+def test_serve_config_restates_no_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each arg of deploy/ray-serve.yaml changes the deployment it builds (an arg equal to a
+    default, or to what the code derives from the other settings, would not), and no
+    environment variable of its runtime_env restates a setting's default."""
+    [application] = yaml.safe_load(SERVE_CONFIG.read_text())["applications"]
+    seen: list[dict[str, Any]] = []
+    monkeypatch.setattr(
+        ray_app, "build_application", lambda options, overrides: seen.append(options)
+    )
+    monkeypatch.setattr("ray.is_initialized", lambda: True)
+    monkeypatch.setattr("ray.cluster_resources", lambda: {"CPU": 16.0, "GPU": 8.0})
+    args = application["args"]
+    app_builder(args)
+    for key in args:
+        app_builder({k: v for k, v in args.items() if k != key})
+        assert seen[-1] != seen[0], f"{key}: {args[key]!r} is already what the code does"
+    for key, value in (application.get("runtime_env", {}).get("env_vars") or {}).items():
+        field = key.removeprefix("BAYESGATE_").lower()
+        assert getattr(Settings(**{field: value}), field) != Settings.model_fields[field].default
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -221,12 +221,12 @@ async def test_outputs_selection_and_defaults(
 
 
 BAD_V2: list[tuple[str, Any, list[str]]] = [
-    ("no inputs", {}, ["inputs", "exactly one"]),
+    ("no inputs", {}, ["inputs: Field required"]),
     ("two inputs", {"inputs": [{}, {}]}, ["exactly one", "got 2"]),
     (
         "wrong name",
         {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 784], "data": []}]},
-        ["unknown input 'x'"],
+        ["inputs[0].name", "'input'", "got 'x'"],
     ),
     (
         "wrong datatype",
@@ -324,7 +324,7 @@ BAD_V2: list[tuple[str, Any, list[str]]] = [
     (
         "unknown parameter",
         {"inputs": [], "parameters": {"k": 3}},
-        ["parameters", "'k'", "mc_samples"],
+        ["parameters: unknown field 'k'"],
     ),
     ("K text", {"inputs": [], "parameters": {"mc_samples": "3"}}, ["mc_samples", "integer"]),
     ("seed negative", {"inputs": [], "parameters": {"seed": -1}}, ["seed"]),

@@ -1,0 +1,101 @@
+"""Reading request bodies: every problem with a body gets the service's own answer.
+
+FastAPI parses a body before any dependency runs, and turns a failure it does not expect (a body
+over the limit while it streams in, JSON nested too deeply, a malformed multipart form) into a
+bare 400. :class:`ReadBodyFirst`, the route class of the routes that take a body, reads and
+parses the body first, with the service's limits and errors:
+
+- the body through :class:`~bayesgate.service.middleware.BodyLimitMiddleware` (413 while it
+  streams in);
+- JSON (when the Content-Type says JSON, or is absent on a route that allows that) with
+  :func:`parse_json`: invalid JSON or JSON nested too deeply is an
+  :class:`~bayesgate.service.errors.InvalidInput` naming the problem;
+- a multipart form with at most :data:`MAX_FORM_FILES` file and :data:`MAX_FORM_FIELDS` fields.
+
+FastAPI then validates the parsed body against the route's pydantic model (Starlette caches the
+parsed body on the request), and :func:`require_media_type` answers a wrong Content-Type before
+that validation's errors.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fastapi import Request, Response
+from fastapi import params as fastapi_params
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from bayesgate.service.errors import InvalidInput, UnsupportedMediaType
+
+MAX_FORM_FILES = 1
+MAX_FORM_FIELDS = 8
+
+
+def parse_json(body: bytes) -> Any:
+    """The request body as JSON; :class:`InvalidInput` for invalid JSON or absurd nesting."""
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"body: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise InvalidInput("body: JSON nested too deeply") from None
+
+
+def media_type(request: Request) -> str:
+    """The Content-Type without parameters, lower case ("" when absent)."""
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+def is_json(content_type: str) -> bool:
+    return content_type == "application/json" or (
+        content_type.startswith("application/") and content_type.endswith("+json")
+    )
+
+
+async def read_form(request: Request) -> None:
+    """Parse the multipart form with the service's limits (cached on the request)."""
+    try:
+        await request.form(max_files=MAX_FORM_FILES, max_fields=MAX_FORM_FIELDS)
+    except StarletteHTTPException as exc:  # Starlette's multipart parser: malformed or too big
+        raise InvalidInput(f"body: unreadable multipart form ({exc.detail})") from None
+
+
+class ReadBodyFirst(APIRoute):
+    """An ``APIRoute`` that reads and parses the body itself before FastAPI's handler runs."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        field = self.body_field
+        takes_form = field is not None and isinstance(field.field_info, fastapi_params.Form)
+        json_without_type = self.strict_content_type is False  # set per route
+
+        async def read_first(request: Request) -> Response:
+            if field is not None:
+                content_type = media_type(request)
+                if takes_form:
+                    if content_type == "multipart/form-data":
+                        await read_form(request)
+                else:
+                    body = await request.body()
+                    if body and (is_json(content_type) or (json_without_type and not content_type)):
+                        # Starlette's Request.json() returns this cached value to FastAPI.
+                        request._json = parse_json(body)
+            return await handler(request)
+
+        return read_first
+
+
+def require_media_type(expected: str, hint: str = "") -> Callable[[Request], Any]:
+    """Dependency: 415 :class:`UnsupportedMediaType` unless the Content-Type is ``expected``."""
+
+    async def check(request: Request) -> None:
+        got = request.headers.get("content-type", "")
+        if media_type(request) != expected:
+            raise UnsupportedMediaType(
+                f"Content-Type must be {expected}, got {got or 'none'}{hint}"
+            )
+
+    return check
