@@ -179,7 +179,7 @@ class InferRequest(BaseModel):
         for name in names:
             if names.count(name) > 1:
                 raise PydanticCustomError(
-                    "duplicate_output", "output {name!r} requested twice", {"name": name}
+                    "duplicate_output", "output '{name}' requested twice", {"name": name}
                 )
         return value
 

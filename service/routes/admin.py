@@ -36,6 +36,7 @@ router = APIRouter(
     route_class=ReadBodyFirst,
 )
 
+
 class ThresholdRequest(BaseModel):
     """``PUT /admin/threshold``: at least one of the two."""
 

@@ -312,9 +312,19 @@ BAD_V2: list[tuple[str, Any, list[str]]] = [
         ["inputs[0].data"],
     ),
     (
-        "unknown output",
-        {"inputs": [], "outputs": [{"name": "logits"}]},
-        ["outputs[0].name", "'logits'"],
+        "unknown output",  # checked against the model's outputs, after the body's types
+        {
+            "inputs": [
+                {"name": "input", "datatype": "FP32", "shape": [1, 1, 28, 28], "data": [0.5] * 784}
+            ],
+            "outputs": [{"name": "label"}, {"name": "logits"}],
+        },
+        ["outputs[1].name", "unknown output 'logits'", "adversarial"],
+    ),
+    (
+        "duplicate output",
+        {"inputs": [], "outputs": [{"name": "label"}, {"name": "label"}]},
+        ["outputs", "'label' requested twice"],
     ),
     (
         "classification",
