@@ -195,7 +195,7 @@ class DetectorRun:
         self.loaded, self.detector, self.settings = loaded, detector, settings
         self.device, self.progress = device, progress
         self.k = int(settings.k or detector.k)
-        self.k_attack = int(settings.k_attack or loaded.card.inference.get("k_attack", 10))
+        self.k_attack = int(settings.k_attack or loaded.card.inference.k_attack)
         self.cache = (settings.cache_dir or default_cache_dir()) / loaded.card.weights_sha256[:16]
 
     @property

@@ -214,3 +214,12 @@ def test_detect_eval_without_detector_is_one_line(
 ) -> None:
     assert main(["detect-eval", str(tiny_model_dir), "--out", str(tmp_path)]) == 2
     assert "fit-detector" in capsys.readouterr().err
+
+
+def test_attack_k_defaults_to_the_cards(detector_dir: Path) -> None:
+    """Without ``k_attack`` the run attacks the card's ``k_attack`` passes (a typed card field)."""
+    loaded = load_model(detector_dir)
+    run = detect_eval.DetectorRun(
+        loaded, load_detector(detector_dir), detect_eval.EvalSettings(), torch.device("cpu"), False
+    )
+    assert run.k_attack == loaded.card.inference.k_attack
