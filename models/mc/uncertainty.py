@@ -82,11 +82,3 @@ SCORES = {
     "mutual_information": mutual_information,
     "variation_ratio": variation_ratio,
 }
-
-
-def score(probs: torch.Tensor, name: str) -> torch.Tensor:
-    """The uncertainty score ``name`` (one of :data:`SCORES`) used to flag inputs, shape ``B``."""
-    try:
-        return SCORES[name](probs)
-    except KeyError as exc:
-        raise ValueError(f"unknown score {name!r}; choose one of {', '.join(SCORES)}") from exc

@@ -16,7 +16,6 @@ from bayesgate.models.mc.uncertainty import (
     mutual_information,
     predictive_entropy,
     predictive_mean,
-    score,
     variation_ratio,
 )
 
@@ -190,15 +189,12 @@ def test_mc_log_likelihood_is_stable_for_tiny_probabilities() -> None:
     assert torch.allclose(got, torch.full((2,), -1000.0))
 
 
-def test_score_dispatches_by_name_and_rejects_unknown_names() -> None:
-    probs = torch.from_numpy(_dirichlet(5)).float()
-    assert set(SCORES) == {"predictive_entropy", "mutual_information", "variation_ratio"}
-    for name, fn in SCORES.items():
-        assert torch.equal(score(probs, name), fn(probs))
-    with pytest.raises(ValueError, match="unknown score 'entropy'") as info:
-        score(probs, "entropy")
-    for name in SCORES:
-        assert name in str(info.value)
+def test_scores_name_the_thresholdable_measures() -> None:
+    assert {
+        "predictive_entropy": predictive_entropy,
+        "mutual_information": mutual_information,
+        "variation_ratio": variation_ratio,
+    } == SCORES
 
 
 @pytest.mark.parametrize(
