@@ -31,6 +31,7 @@ from bayesgate.attacks.pipeline import (
     uncertainty_scores,
 )
 from bayesgate.attacks.specs import DEFAULT_ATTACKS, parse_attacks
+from bayesgate.errors import InvalidArgument
 from bayesgate.models.mc.uncertainty import SCORES
 from bayesgate.models.store.calibration import Calibration
 from bayesgate.models.store.directory import LoadedModel, ModelCard
@@ -148,21 +149,21 @@ def _settings(
 ) -> _Settings:
     """Check the arguments against each other and the card; fill in the card's K and split."""
     if score not in SCORES:
-        raise ValueError(f"unknown score {score!r}; choose one of {', '.join(SCORES)}")
+        raise InvalidArgument(f"unknown score {score!r}; choose one of {', '.join(SCORES)}")
     _check_target_fpr(target_fpr)
     parsed = parse_attacks(list(attacks))
     if not card.stochastic and score != "predictive_entropy":
-        raise ValueError(
+        raise InvalidArgument(
             f"{card.name} is deterministic: its K passes agree, so {score} is 0 for every input; "
             "calibrate it on predictive_entropy"
         )
     k = int(k if k is not None else card.inference.k_test)
     k_attack = int(k_attack if k_attack is not None else card.inference.k_attack)
     if k < 1 or k_attack < 1:
-        raise ValueError(f"k and k_attack must be ≥ 1, got {k} and {k_attack}")
+        raise InvalidArgument(f"k and k_attack must be ≥ 1, got {k} and {k_attack}")
     val_size = card.training.val_size
     if val_size <= 0:
-        raise ValueError(
+        raise InvalidArgument(
             f"model {card.name} was trained without a validation split (val_size 0): there are "
             "no held-out images to calibrate on"
         )
@@ -171,7 +172,7 @@ def _settings(
 
 def _check_target_fpr(target_fpr: float) -> None:
     if not 0.0 < target_fpr < 1.0:
-        raise ValueError(f"target false-positive rate must be in (0, 1), got {target_fpr}")
+        raise InvalidArgument(f"target false-positive rate must be in (0, 1), got {target_fpr}")
 
 
 def _validation_summary(

@@ -11,6 +11,7 @@ from typing import Any
 from bayesgate.attacks.methods import ATTACKS, Attack
 from bayesgate.attacks.methods.base import parameter_defaults
 from bayesgate.attacks.specs import DEFAULT_ATTACKS, build_attack, parse_attack, spec_help
+from bayesgate.errors import InvalidArgument
 from bayesgate.models.device import DEVICE_CHOICES, pick_device
 from bayesgate.models.mc.uncertainty import SCORES
 
@@ -134,7 +135,7 @@ def _register_sweep(sub: argparse._SubParsersAction) -> None:
 
 def _positive(name: str, value: int | None) -> None:
     if value is not None and value < 1:
-        raise ValueError(f"{name} must be ≥ 1, got {value}")
+        raise InvalidArgument(f"{name} must be ≥ 1, got {value}")
 
 
 def _attack(args: argparse.Namespace) -> Attack:
@@ -327,7 +328,7 @@ def _merge_sweep(
     rows of a model that is run again are replaced."""
     differ = [k for k, v in config.items() if old.get(k) != v]
     if differ:
-        raise ValueError(
+        raise InvalidArgument(
             f"{path}: cannot --append, the earlier run used different "
             + ", ".join(f"{k}={old.get(k)!r}" for k in differ)
         )

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bayesgate.errors import InvalidArgument
 from bayesgate.models.device import DEVICE_CHOICES, pick_device
 
 
@@ -67,7 +68,7 @@ def cmd_fit_detector(args: argparse.Namespace) -> int:
     for name in ("k", "k_attack", "train_subset", "batch_size", "threads"):
         value = getattr(args, name)
         if value is not None and value < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be ≥ 1, got {value}")
+            raise InvalidArgument(f"--{name.replace('_', '-')} must be ≥ 1, got {value}")
     if args.threads:
         torch.set_num_threads(args.threads)
     settings = FitSettings(

@@ -32,6 +32,7 @@ import torch
 from bayesgate.attacks.metrics import auroc, flag_rate, threshold_at_fpr
 from bayesgate.attacks.run import run_attack
 from bayesgate.attacks.specs import DEFAULT_ATTACKS, parse_attacks
+from bayesgate.errors import InvalidArgument
 from bayesgate.models.detection.detector import (
     FUSED,
     Detector,
@@ -65,15 +66,19 @@ class FitSettings:
     def check(self) -> None:
         for name in ("fit_images", "threshold_images", "attack_images", "kde_per_class"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name.replace('_', '-')} must be ≥ 1, got {getattr(self, name)}")
+                raise InvalidArgument(
+                    f"{name.replace('_', '-')} must be ≥ 1, got {getattr(self, name)}"
+                )
         if self.attack_images > self.fit_images:
-            raise ValueError(
+            raise InvalidArgument(
                 "attack-images must be ≤ fit-images (the attacked images are fit images)"
             )
         if not 0.0 < self.target_fpr < 1.0:
-            raise ValueError(f"target false-positive rate must be in (0, 1), got {self.target_fpr}")
+            raise InvalidArgument(
+                f"target false-positive rate must be in (0, 1), got {self.target_fpr}"
+            )
         if self.l2 <= 0:
-            raise ValueError(f"l2 must be > 0, got {self.l2}")
+            raise InvalidArgument(f"l2 must be > 0, got {self.l2}")
 
 
 def fit_detector(
@@ -92,7 +97,7 @@ def fit_detector(
     card = loaded.card
     val_size = card.training.val_size
     if val_size < settings.fit_images + settings.threshold_images:
-        raise ValueError(
+        raise InvalidArgument(
             f"the validation split has {val_size} images; fit-images + threshold-images = "
             f"{settings.fit_images + settings.threshold_images}"
         )
@@ -223,7 +228,9 @@ class _FitRun:
                 adv = outcome.x_adv[outcome.success]
                 scores[attack.key] = scores_numpy(detector, *self.collect(adv, attack.label))
         if not scores:
-            raise ValueError("no attack succeeded on the fit images: nothing to fit the fusion on")
+            raise InvalidArgument(
+                "no attack succeeded on the fit images: nothing to fit the fusion on"
+            )
         return scores, summaries
 
 

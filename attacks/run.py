@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from bayesgate.attacks.methods import Attack
 from bayesgate.attacks.model_fn import frozen_parameters, log_predictive_fn
 from bayesgate.attacks.specs import parse_attack
+from bayesgate.errors import InvalidArgument
 from bayesgate.models.mc.uncertainty import predictive_mean
 from bayesgate.models.training.evaluate import collect_mc
 
@@ -101,7 +102,7 @@ class AttackOutcome:
         ``allow_pickle=False``); ``meta`` is a JSON string with :meth:`summary`."""
         path = Path(path)
         if path.suffix != ".npz":
-            raise ValueError(f"{path}: adversarial examples are written as .npz")
+            raise InvalidArgument(f"{path}: adversarial examples are written as .npz")
         arrays: dict[str, np.ndarray] = {
             "x_adv": self.x_adv.numpy().astype(np.float32),
             "labels": self.labels.numpy(),
@@ -146,7 +147,7 @@ def choose_targets(
         shift = torch.from_numpy(rng.integers(1, n_classes, size=labels.numel()))
         return (labels + shift) % n_classes
     if not 0 <= int(target) < n_classes:
-        raise ValueError(f"target class {target} out of range for {n_classes} classes")
+        raise InvalidArgument(f"target class {target} out of range for {n_classes} classes")
     return torch.full_like(labels, int(target))
 
 
@@ -215,7 +216,7 @@ def _check_run(x: torch.Tensor, y: torch.Tensor, batch_size: int) -> None:
     if x.shape[0] != y.shape[0]:
         raise ValueError(f"{x.shape[0]} images but {y.shape[0]} labels")
     if batch_size < 1:
-        raise ValueError(f"batch size must be ≥ 1, got {batch_size}")
+        raise InvalidArgument(f"batch size must be ≥ 1, got {batch_size}")
 
 
 def attack_targets(

@@ -15,6 +15,7 @@ from typing import Any
 
 from bayesgate.attacks.methods import ATTACKS, Attack
 from bayesgate.attacks.methods.base import parameter_defaults
+from bayesgate.errors import InvalidArgument
 
 DEFAULT_ATTACKS = ("fgs:eta=0.1", "fgs:eta=0.2", "fgs:eta=0.3", "targeted:steps=40,eta=0.01")
 """What ``bayesgate calibrate`` evaluates unless told otherwise (PGD and CW are opt-in)."""
@@ -25,7 +26,9 @@ def attack_class(name: str) -> type[Attack]:
     try:
         return ATTACKS[name]
     except KeyError:
-        raise ValueError(f"unknown attack {name!r}; choose one of {', '.join(ATTACKS)}") from None
+        raise InvalidArgument(
+            f"unknown attack {name!r}; choose one of {', '.join(ATTACKS)}"
+        ) from None
 
 
 def build_attack(name: str, params: Mapping[str, Any] | None = None) -> Attack:
@@ -39,7 +42,7 @@ def build_attack(name: str, params: Mapping[str, Any] | None = None) -> Attack:
     known = parameter_defaults(cls)
     unknown = sorted(set(params) - set(known))
     if unknown:
-        raise ValueError(
+        raise InvalidArgument(
             f"attack {name!r} has no parameter(s) {', '.join(unknown)}; "
             f"known: {', '.join(known) or 'none'}"
         )
@@ -53,7 +56,7 @@ def parse_attack(text: str) -> Attack:
     for item in filter(None, (s.strip() for s in rest.split(","))):
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"attack {text!r}: expected key=value, got {item!r}")
+            raise InvalidArgument(f"attack {text!r}: expected key=value, got {item!r}")
         params[key.strip()] = value.strip()
     return build_attack(name.strip(), params)
 
@@ -64,9 +67,9 @@ def parse_attacks(texts: Sequence[str]) -> list[Attack]:
     keys = [a.key for a in attacks]
     dupes = sorted({k for k in keys if keys.count(k) > 1})
     if dupes:
-        raise ValueError(f"attack(s) listed twice: {', '.join(dupes)}")
+        raise InvalidArgument(f"attack(s) listed twice: {', '.join(dupes)}")
     if not attacks:
-        raise ValueError("no attacks given")
+        raise InvalidArgument("no attacks given")
     return attacks
 
 

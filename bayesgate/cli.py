@@ -1,8 +1,10 @@
 """``bayesgate`` — one command with a subcommand per job.
 
-Each package contributes its subcommands through a ``register(subparsers)`` function; errors the
-user can fix (bad flags, missing data, a broken model directory) are printed as one line
-``bayesgate: error: …`` with exit code 2 instead of a traceback.
+Each package contributes its subcommands through a ``register(subparsers)`` function. Errors the
+user can fix — :class:`bayesgate.errors.UserError` and its subclasses (bad flags and values,
+missing data, a broken model directory) — are printed as one line ``bayesgate: error: …`` with
+exit code 2; ``bayesgate --debug …`` shows their traceback too. Any other exception is a bug and
+keeps its traceback.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+
+from bayesgate.errors import UserError
 
 # Modules providing subcommands, in the order they appear in --help. Optional ones (whose
 # dependencies may be missing in a slim install) are skipped with a note if they fail to import.
@@ -23,14 +27,13 @@ COMMAND_MODULES = (
 )
 
 
-class UserError(Exception):
-    """An error caused by the user's input, printed without a traceback."""
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bayesgate",
         description="Train Bayesian dropout nets, calibrate adversarial-input thresholds, serve.",
+    )
+    parser.add_argument(
+        "--debug", action="store_true", help="show the traceback of user errors too"
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
@@ -47,14 +50,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def user_errors() -> tuple[type[BaseException], ...]:
-    """Exception types that mean 'the input is wrong', gathered from the packages."""
-    from bayesgate.models.data.mnist import DataError
-    from bayesgate.models.store.directory import ModelStoreError
-
-    return (UserError, DataError, ModelStoreError, ValueError, FileNotFoundError)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -63,7 +58,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         result = args.func(args)
-    except user_errors() as exc:
+    except UserError as exc:
+        if args.debug:
+            raise
         print(f"bayesgate: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -23,3 +23,7 @@ class DataError(UserError):
 
 class ModelStoreError(UserError):
     """A model directory is missing, incomplete, tampered with or inconsistent."""
+
+
+class DeviceUnavailable(UserError, RuntimeError):
+    """The device asked for (e.g. ``cuda``) is not present on this host."""

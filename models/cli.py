@@ -11,7 +11,9 @@ from typing import Any
 
 import torch
 
+from bayesgate.errors import InvalidArgument
 from bayesgate.models import adversarial_cli
+from bayesgate.models.data.mnist import DEFAULT_VAL_SIZE
 from bayesgate.models.device import DEVICE_CHOICES, pick_device, set_threads
 from bayesgate.models.networks.bbb.layers import SAMPLING_MODES
 from bayesgate.models.networks.registry import build_network, preset_architecture, preset_names
@@ -98,7 +100,10 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
         "--patience", type=int, default=0, help="early stopping on validation LL; 0 = off"
     )
     p.add_argument(
-        "--val-size", type=int, default=10_000, help="validation images held out of the 60k"
+        "--val-size",
+        type=int,
+        default=DEFAULT_VAL_SIZE,
+        help="validation images held out of the 60k (default %(default)s)",
     )
     p.add_argument(
         "--limit", type=int, default=None, help="train on the first N training images only"
@@ -150,8 +155,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     config = _train_config(args)
     if args.patience and not args.val_size:
-        raise ValueError("--patience needs validation data: early stopping watches the validation "
-                         "log-likelihood, and --val-size 0 holds none out")  # fmt: skip
+        raise InvalidArgument(
+            "--patience needs validation data: early stopping watches the validation "
+            "log-likelihood, and --val-size 0 holds none out"
+        )
     set_threads(args.threads)
     device = pick_device(args.device)
     arch = _architecture(args)
@@ -259,7 +266,9 @@ def _architecture(args: argparse.Namespace) -> dict[str, Any]:
     arch = preset_architecture(args.preset, p=args.p)
     if args.sampling is not None:
         if "sampling" not in arch:
-            raise ValueError(f"--sampling applies to the bbb-* presets only, not {args.preset}")
+            raise InvalidArgument(
+                f"--sampling applies to the bbb-* presets only, not {args.preset}"
+            )
         arch["sampling"] = args.sampling
     return arch
 
@@ -346,6 +355,6 @@ def _resolve_alpha(loss: str, alpha: float | None) -> float:
     """α of the run: 0 for the ELBO (another explicit α is a contradiction), else 0.5 default."""
     if loss == "elbo":
         if alpha not in (None, 0.0):
-            raise ValueError(f"--loss elbo is BB-α with α = 0; drop --alpha {alpha:g}")
+            raise InvalidArgument(f"--loss elbo is BB-α with α = 0; drop --alpha {alpha:g}")
         return 0.0
     return 0.5 if alpha is None else alpha

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from bayesgate.errors import DeviceUnavailable, InvalidArgument
+
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 
 
@@ -15,13 +17,13 @@ def pick_device(preference: str = "auto") -> torch.device:
     noticed at start-up.
     """
     if preference not in DEVICE_CHOICES and not preference.startswith("cuda:"):
-        raise ValueError(
+        raise InvalidArgument(
             f"device must be one of {', '.join(DEVICE_CHOICES)} or cuda:N, got {preference!r}"
         )
     if preference == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if preference.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(
+        raise DeviceUnavailable(
             f"device {preference!r} requested but CUDA is not available on this host"
         )
     return torch.device(preference)
@@ -32,5 +34,5 @@ def set_threads(threads: int | None) -> None:
     if threads is None:
         return
     if threads < 1:
-        raise ValueError(f"--threads must be ≥ 1, got {threads}")
+        raise InvalidArgument(f"--threads must be ≥ 1, got {threads}")
     torch.set_num_threads(threads)

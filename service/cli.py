@@ -25,6 +25,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from bayesgate.errors import InvalidArgument
+
 if TYPE_CHECKING:
     from pydantic import ValidationError
 
@@ -105,9 +107,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ValidationError as exc:
         raise setting_error(exc, ENV_PREFIX) from None
     if (args.address or args.detach) and not args.ray:
-        raise ValueError("--address and --detach only apply with --ray")
+        raise InvalidArgument("--address and --detach only apply with --ray")
     if args.ray and settings.workers > 1:
-        raise ValueError(
+        raise InvalidArgument(
             "--workers does not apply with --ray: set BAYESGATE_RAY_NUM_REPLICAS instead"
         )
     try:
@@ -115,7 +117,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         pick_device(settings.device)
         load_served_model(settings.model_dir, "cpu")  # fail fast, before uvicorn starts
     except (StartupError, RuntimeError) as exc:
-        raise ValueError(str(exc)) from None
+        raise InvalidArgument(str(exc)) from None
     # Worker processes (and the app factory) read the settings from the environment.
     for name, value in overrides.items():
         if value is not None:
@@ -152,7 +154,7 @@ def _serve_on_ray(settings: Settings, address: str | None, detach: bool) -> int:
 
         from bayesgate.service.ray_run import DeployFailed, run_on_ray
     except ImportError as exc:
-        raise ValueError(
+        raise InvalidArgument(
             f"--ray needs Ray Serve ({exc.name} is not installed): pip install 'bayesgate[ray]'"
         ) from None
     try:
@@ -169,7 +171,7 @@ def setting_error(exc: ValidationError, prefix: str) -> ValueError:
     first = exc.errors()[0]
     field = prefix + "_".join(str(p) for p in first["loc"]).upper()
     got = "" if "KEY" in field else f" (got {first.get('input')!r})"  # never echo a secret
-    return ValueError(f"setting {field}: {first['msg']}{got}")
+    return InvalidArgument(f"setting {field}: {first['msg']}{got}")
 
 
 def _exit_cleanly(signum: int, frame: FrameType | None) -> None:

@@ -27,6 +27,7 @@ from pathlib import Path
 from types import FrameType, ModuleType
 from typing import Any
 
+from bayesgate.errors import InvalidArgument
 from bayesgate.service.control import forget_admin_changes
 from bayesgate.service.logs import configure_logging
 from bayesgate.service.ray_settings import (
@@ -86,7 +87,7 @@ def _connect(ray: ModuleType, address: str | None, env: dict[str, str]) -> None:
                 "`ray start` use token authentication: set RAY_AUTH_MODE=token and provide the "
                 "cluster's token in ~/.ray/auth_token or RAY_AUTH_TOKEN (docs/ray.md)"
             )
-        raise ValueError(f"cannot connect to the Ray cluster at {address}: {reason}") from None
+        raise InvalidArgument(f"cannot connect to the Ray cluster at {address}: {reason}") from None
 
 
 def _check_reachable(address: str) -> None:
@@ -97,7 +98,7 @@ def _check_reachable(address: str) -> None:
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
     except OSError as exc:
-        raise ValueError(f"cannot reach the Ray cluster at {address}: {exc}") from None
+        raise InvalidArgument(f"cannot reach the Ray cluster at {address}: {exc}") from None
 
 
 def _deploy(settings: Settings, ray_settings: RaySettings) -> dict[str, Any]:
@@ -135,7 +136,9 @@ def run_on_ray(settings: Settings, address: str | None, detach: bool) -> int:
     ray_settings = RaySettings()
     local = address is None
     if detach and local:
-        raise ValueError("--detach needs --address: a local Ray instance ends with this command")
+        raise InvalidArgument(
+            "--detach needs --address: a local Ray instance ends with this command"
+        )
     check_settings(settings, ray_settings)
     env, runtime_dir = replica_env(local, settings, ray_settings)
     stop = threading.Event()

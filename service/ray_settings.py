@@ -23,6 +23,7 @@ from typing import Any, Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from bayesgate.errors import InvalidArgument
 from bayesgate.service.settings import Settings
 
 RAY_ENV_PREFIX = "BAYESGATE_RAY_"
@@ -86,13 +87,13 @@ def max_ongoing_requests(settings: Settings, ray: RaySettings) -> int:
     else:
         value = ray.max_ongoing_requests
     if settings.max_batch_size > 1 and value <= settings.max_batch_size:
-        raise ValueError(
+        raise InvalidArgument(
             f"max_ongoing_requests ({value}) must exceed max_batch_size "
             f"({settings.max_batch_size}), or a replica never holds enough requests for a full "
             "batch (raise BAYESGATE_RAY_MAX_ONGOING_REQUESTS or BAYESGATE_QUEUE_CAPACITY)"
         )
     if value > settings.queue_capacity:
-        raise ValueError(
+        raise InvalidArgument(
             f"max_ongoing_requests ({value}) exceeds queue_capacity ({settings.queue_capacity}): "
             "the replica would answer the excess with 503 instead of Ray queueing it"
         )
@@ -103,7 +104,7 @@ def resolve_num_gpus(settings: Settings, ray: RaySettings, cluster_gpus: float) 
     """GPUs per replica: the setting, else 1 when the cluster has GPUs and the device allows."""
     if ray.num_gpus is not None:
         if ray.num_gpus > 0 and settings.device == "cpu":
-            raise ValueError(
+            raise InvalidArgument(
                 f"num_gpus ({ray.num_gpus:g}) > 0 with device cpu: the GPU would sit idle"
             )
         return ray.num_gpus
@@ -113,7 +114,7 @@ def resolve_num_gpus(settings: Settings, ray: RaySettings, cluster_gpus: float) 
 def deployment_options(settings: Settings, ray: RaySettings, num_gpus: float) -> dict[str, Any]:
     """Keyword arguments of ``serve.deployment`` / ``Deployment.options`` for these settings."""
     if settings.device.startswith("cuda") and num_gpus == 0:
-        raise ValueError(
+        raise InvalidArgument(
             f"device {settings.device} needs a GPU per replica: set BAYESGATE_RAY_NUM_GPUS "
             "(e.g. 1, or 0.5 to share one GPU between two replicas)"
         )
@@ -128,7 +129,7 @@ def deployment_options(settings: Settings, ray: RaySettings, num_gpus: float) ->
     }
     if ray.num_replicas == "auto":
         if ray.min_replicas > ray.max_replicas:
-            raise ValueError(
+            raise InvalidArgument(
                 f"min_replicas ({ray.min_replicas}) exceeds max_replicas ({ray.max_replicas})"
             )
         target = ray.target_ongoing_requests or float(settings.max_batch_size)
@@ -141,7 +142,7 @@ def deployment_options(settings: Settings, ray: RaySettings, num_gpus: float) ->
         }
     else:
         if ray.num_replicas < 1:
-            raise ValueError(f"num_replicas must be ≥ 1 or auto, got {ray.num_replicas}")
+            raise InvalidArgument(f"num_replicas must be ≥ 1 or auto, got {ray.num_replicas}")
         options["num_replicas"] = ray.num_replicas
     return options
 

@@ -12,6 +12,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from bayesgate import models
+from bayesgate.errors import InvalidArgument
 
 ENV_PREFIX = "BAYESGATE_"
 DEFAULT_MODEL_DIR = Path(models.__file__).parent / "pretrained" / "bayesgate-default"
@@ -121,7 +122,9 @@ class Settings(BaseSettings):
             try:
                 text = self.api_key_file.read_text(encoding="utf-8").strip()
             except (OSError, UnicodeDecodeError) as exc:
-                raise ValueError(f"api_key_file {self.api_key_file}: cannot read ({exc})") from None
+                raise InvalidArgument(
+                    f"api_key_file {self.api_key_file}: cannot read ({exc})"
+                ) from None
             _check_key_text(text, f"api_key_file {self.api_key_file}")
             return text.encode()
         if self.api_key is None:
@@ -131,11 +134,11 @@ class Settings(BaseSettings):
 
 def _check_key_text(text: str, where: str) -> None:
     if len(text) < MIN_API_KEY_LENGTH:
-        raise ValueError(
+        raise InvalidArgument(
             f"{where}: the admin key must have at least {MIN_API_KEY_LENGTH} characters"
         )
     if not (text.isascii() and text.isprintable()) or " " in text:
-        raise ValueError(f"{where}: the admin key must be printable ASCII without spaces")
+        raise InvalidArgument(f"{where}: the admin key must be printable ASCII without spaces")
 
 
 def settings_from_env(**overrides: object) -> Settings:

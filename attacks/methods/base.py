@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 import torch
 
 from bayesgate.attacks.model_fn import ModelFn
+from bayesgate.errors import InvalidArgument
 
 StepCallback = Callable[[int, torch.Tensor], None]
 """Called as ``callback(t, x_t)`` after step ``t`` (and with ``t = 0`` for the start point)."""
@@ -154,7 +155,7 @@ def parameter_defaults(cls: type[Attack]) -> dict[str, Any]:
 def check(ok: bool, message: str) -> None:
     """``ValueError(message)`` unless ``ok``: one line per range check in :meth:`Attack.check`."""
     if not ok:
-        raise ValueError(message)
+        raise InvalidArgument(message)
 
 
 def _coerce(attack: str, f: dataclasses.Field, value: Any) -> Any:
@@ -172,7 +173,7 @@ def _coerce(attack: str, f: dataclasses.Field, value: Any) -> Any:
             return int(as_float)
         return kind(value)
     except (TypeError, ValueError, OverflowError) as exc:
-        raise ValueError(
+        raise InvalidArgument(
             f"attack {attack!r}: {f.name} must be {kind.__name__}, got {value!r}"
         ) from exc
 

@@ -14,6 +14,7 @@ from bayesgate.attacks.methods.base import (
     check,
 )
 from bayesgate.attacks.methods.pgd import linf_pgd
+from bayesgate.errors import InvalidArgument
 
 RANDOM = "random"
 
@@ -27,7 +28,7 @@ def parse_target(attack: str, value: Any) -> int | str:
             raise ValueError
         return int(value)
     except (TypeError, ValueError) as exc:
-        raise ValueError(
+        raise InvalidArgument(
             f"attack {attack!r}: target must be a class index or 'random', got {value!r}"
         ) from exc
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bayesgate.errors import DataError
+from bayesgate.errors import DataError, InvalidArgument
 from bayesgate.models.data.settings import DATA_DIR_ENV, data_settings
 
 IMAGES_MAGIC = 0x00000803  # IDX: unsigned bytes, 3 dimensions (count, rows, cols)
@@ -266,7 +266,7 @@ def split_indices(
     if split not in ("train", "val", "train+val"):
         raise ValueError(f"split must be 'train', 'val' or 'train+val' here, not {split!r}")
     if not 0 <= val_size < n:
-        raise ValueError(f"val_size must be in [0, {n}), got {val_size}")
+        raise InvalidArgument(f"val_size must be in [0, {n}), got {val_size}")
     if split == "train+val":
         return np.arange(n)
     in_val = np.zeros(n, dtype=bool)
@@ -317,9 +317,9 @@ def load_mnist(
     Decoded files are cached in-process, so repeated calls only pay for the tensor copy.
     """
     if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
+        raise InvalidArgument(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
     if limit is not None and limit < 0:
-        raise ValueError(f"limit must be >= 0, got {limit}")
+        raise InvalidArgument(f"limit must be >= 0, got {limit}")
     source = "test" if split == "test" else "train"
     images_path, labels_path = ensure_mnist_files(_SOURCES[source], data_dir, download=download)
     images, labels = _read_pair(images_path, labels_path)

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bayesgate.errors import InvalidArgument
+
 # (sampling active, generator or None, may mask in place)
 _MC_STATE: contextvars.ContextVar[tuple[bool, torch.Generator | None, bool]] = (
     contextvars.ContextVar("bayesgate_mc_state", default=(False, None, False))
@@ -57,7 +59,7 @@ class MCDropout(nn.Module):
     def __init__(self, p: float) -> None:
         super().__init__()
         if not 0.0 <= p < 1.0:
-            raise ValueError(f"dropout rate p must be in [0, 1), got {p}")
+            raise InvalidArgument(f"dropout rate p must be in [0, 1), got {p}")
         self.p = float(p)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

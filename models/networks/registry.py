@@ -15,6 +15,7 @@ from typing import Any
 
 from torch import nn
 
+from bayesgate.errors import InvalidArgument
 from bayesgate.models.networks.dropout import MNIST_SHAPE, DropoutCNN, DropoutMLP, WideDropoutCNN
 
 DROPOUT_NETWORK_TYPES: dict[str, type[nn.Module]] = {
@@ -64,7 +65,7 @@ def preset_architecture(name: str, p: float | None = None) -> dict[str, Any]:
     if name.endswith(DETERMINISTIC_SUFFIX):
         base, det = name[: -len(DETERMINISTIC_SUFFIX)], True
     if base not in PRESETS:
-        raise ValueError(
+        raise InvalidArgument(
             f"unknown preset {name!r}; choose one of {', '.join(preset_names(bbb=True))}"
         )
     arch = {**PRESETS[base], "preset": name, "stochastic": not det}
@@ -96,7 +97,7 @@ def network_class(type_name: object) -> type[nn.Module]:
 
 def _bbb_preset_architecture(name: str, p: float | None) -> dict[str, Any]:
     if p is not None:
-        raise ValueError(f"preset {name!r} has no dropout: a dropout rate p does not apply")
+        raise InvalidArgument(f"preset {name!r} has no dropout: a dropout rate p does not apply")
     presets = importlib.import_module(_BBB_MODULE).BAYES_PRESETS
     arch = {**copy.deepcopy(presets[name]), "preset": name, "stochastic": True}
     return {**arch, "in_shape": list(MNIST_SHAPE), "classes": 10}

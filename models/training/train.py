@@ -36,6 +36,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from bayesgate.errors import InvalidArgument
 from bayesgate.models.mc.engine import mc_logits
 from bayesgate.models.mc.losses import bbalpha_softmax_loss, l2_penalty
 from bayesgate.models.networks.bbb.layers import has_bayes_layers, kl_divergence
@@ -71,9 +72,9 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:
-            raise ValueError(f"loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
+            raise InvalidArgument(f"loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
         if self.loss == "elbo" and self.alpha != 0:
-            raise ValueError(f"the ELBO is the α = 0 limit of BB-α; got alpha={self.alpha}")
+            raise InvalidArgument(f"the ELBO is the α = 0 limit of BB-α; got alpha={self.alpha}")
         parse_beta_schedule(self.beta_schedule)
         checks = [
             (self.alpha >= 0, f"alpha must be ≥ 0, got {self.alpha}"),
@@ -96,7 +97,7 @@ class TrainConfig:
         ]
         for ok, message in checks:
             if not ok:
-                raise ValueError(message)
+                raise InvalidArgument(message)
 
 
 Data = tuple[torch.Tensor, torch.Tensor]

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
+from bayesgate.errors import InvalidArgument
+
 if TYPE_CHECKING:
     from bayesgate.models.uci.experiment import UCIConfig
 
@@ -88,7 +90,7 @@ def cmd_uci(args: argparse.Namespace) -> int:
     ds = load_uci(args.dataset, args.data_dir)
     n = ds.n_splits if args.splits is None else args.splits
     if not 1 <= n <= ds.n_splits:
-        raise ValueError(f"--splits must be in [1, {ds.n_splits}] for {ds.name}, got {n}")
+        raise InvalidArgument(f"--splits must be in [1, {ds.n_splits}] for {ds.name}, got {n}")
     out = args.out or Path("runs") / "uci" / ds.name
     out.mkdir(parents=True, exist_ok=True)
     settings = config.resolved(ds)
@@ -153,7 +155,7 @@ def _previous_rows(out: Path, settings: dict[str, Any]) -> list[dict[str, Any]]:
     differing = [k for k in settings if previous.get(k) != settings[k]]
     if differing:
         details = ", ".join(f"{k}: {previous.get(k)!r} → {settings[k]!r}" for k in differing)
-        raise ValueError(f"--resume: settings differ from the run in {out} ({details})")
+        raise InvalidArgument(f"--resume: settings differ from the run in {out} ({details})")
     with open(out / RESULTS_FILE, newline="") as f:
         return [{k: _number(v) for k, v in row.items()} for row in csv.DictReader(f)]
 
@@ -173,7 +175,7 @@ def cmd_uci_table(args: argparse.Namespace) -> int:
     entries = []
     for folder in args.dirs:
         if not folder.exists():
-            raise FileNotFoundError(f"{folder} does not exist")
+            raise InvalidArgument(f"{folder} does not exist")
         files = [folder] if folder.is_file() else sorted(folder.rglob(SUMMARY_FILE))
         for path in files:
             document = json.loads(path.read_text())
@@ -187,7 +189,7 @@ def cmd_uci_table(args: argparse.Namespace) -> int:
                     }
                 )
     if not entries:
-        raise ValueError(f"no {SUMMARY_FILE} found under {', '.join(map(str, args.dirs))}")
+        raise InvalidArgument(f"no {SUMMARY_FILE} found under {', '.join(map(str, args.dirs))}")
     print(format_table(entries))
     if args.csv:
         _write_results(args.csv, entries)

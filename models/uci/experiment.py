@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from bayesgate.models.uci.data import Standardiser, UCIDataset
+from bayesgate.errors import InvalidArgument
+from bayesgate.models.uci.data import Standardiser, UCIDataError, UCIDataset
 from bayesgate.models.uci.network import (
     GroupedDropoutNet,
     evaluate_members,
@@ -99,7 +100,7 @@ class UCIConfig:
         ]
         for ok, message in checks:
             if not ok:
-                raise ValueError(f"{message}, got {self}")
+                raise InvalidArgument(f"{message}, got {self}")
 
     def resolved(self, ds: UCIDataset) -> dict[str, Any]:
         """The settings with the dataset's grid filled in (what a result file records)."""
@@ -188,10 +189,7 @@ def run_split(
     start = time.perf_counter()
     generator = torch.Generator().manual_seed(config.seed * 1_000_003 + split)
     train_idx, test_idx = ds.split(split)
-    n_fit = round((1 - config.val_fraction) * train_idx.size)
-    if n_fit < 2 or n_fit >= train_idx.size:
-        raise ValueError(f"{ds.name}: split {split} has too few training rows ({train_idx.size})")
-    fit_idx, val_idx = train_idx[:n_fit], train_idx[n_fit:]
+    fit_idx, val_idx = _hold_out(ds, split, train_idx, config.val_fraction)
     taus = [None] if config.learn_tau else settings["tau_values"]
     grid: list[Member] = [
         (a, p, t) for a in config.alphas for p in settings["dropout_rates"] for t in taus
@@ -200,47 +198,54 @@ def run_split(
         ds.x[fit_idx], ds.y[fit_idx], grid, settings, generator, progress, f"split {split} grid"
     )
     val = _score(search, ds.x[val_idx], ds.y[val_idx], config.k_val, generator)
-    chosen = []
-    for a in config.alphas:
-        cands = [i for i, m in enumerate(grid) if m[0] == a]
-        chosen.append(max(cands, key=lambda i: val["log_likelihood"][i]))
+    chosen = _best_member_per_alpha(grid, val["log_likelihood"], config.alphas)
     if config.refit:
-        final = _fit(
-            ds.x[train_idx],
-            ds.y[train_idx],
-            [grid[i] for i in chosen],
-            settings,
-            generator,
-            progress,
-            f"split {split} refit",
-        )
+        members = [grid[i] for i in chosen]
+        desc = f"split {split} refit"
+        final = _fit(ds.x[train_idx], ds.y[train_idx], members, settings, generator, progress, desc)
     else:
         final = _Fitted(
             search.net.select(chosen), search.scaler, [search.members[i] for i in chosen]
         )
     test = _score(final, ds.x[test_idx], ds.y[test_idx], config.k_test, generator)
-    seconds = time.perf_counter() - start
-    rows = []
-    for j, i in enumerate(chosen):
-        alpha, p, tau = final.members[j]
-        rows.append(
-            {
-                "dataset": ds.name,
-                "split": split,
-                "alpha": alpha,
-                "dropout": p,
-                "tau": tau,
-                "val_log_likelihood": float(val["log_likelihood"][i]),
-                "val_rmse": float(val["rmse"][i]),
-                "test_rmse": float(test["rmse"][j]),
-                "test_log_likelihood": float(test["log_likelihood"][j]),
-                "test_nll": -float(test["log_likelihood"][j]),
-                "n_train": int(train_idx.size),
-                "n_test": int(test_idx.size),
-                "seconds": round(seconds, 2),
-            }
-        )
-    return rows
+    sizes = {"n_train": int(train_idx.size), "n_test": int(test_idx.size)}
+    seconds = round(time.perf_counter() - start, 2)
+    return [
+        {
+            "dataset": ds.name,
+            "split": split,
+            **dict(zip(("alpha", "dropout", "tau"), final.members[j], strict=True)),
+            "val_log_likelihood": float(val["log_likelihood"][i]),
+            "val_rmse": float(val["rmse"][i]),
+            "test_rmse": float(test["rmse"][j]),
+            "test_log_likelihood": float(test["log_likelihood"][j]),
+            "test_nll": -float(test["log_likelihood"][j]),
+            **sizes,
+            "seconds": seconds,
+        }
+        for j, i in enumerate(chosen)
+    ]
+
+
+def _hold_out(
+    ds: UCIDataset, split: int, train_idx: np.ndarray, val_fraction: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """The training rows split into (fit, validation): the last ``val_fraction`` validates."""
+    n_fit = round((1 - val_fraction) * train_idx.size)
+    if n_fit < 2 or n_fit >= train_idx.size:
+        raise UCIDataError(f"{ds.name}: split {split} has too few training rows ({train_idx.size})")
+    return train_idx[:n_fit], train_idx[n_fit:]
+
+
+def _best_member_per_alpha(
+    grid: list[Member], val_log_likelihood: Any, alphas: tuple[float, ...]
+) -> list[int]:
+    """For each α, the grid member ``(α, p, τ)`` with the highest validation log-likelihood."""
+    chosen = []
+    for a in alphas:
+        candidates = [i for i, member in enumerate(grid) if member[0] == a]
+        chosen.append(max(candidates, key=lambda i: val_log_likelihood[i]))
+    return chosen
 
 
 def mean_and_se(values: list[float]) -> tuple[float, float]:

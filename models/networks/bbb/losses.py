@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import torch
 
+from bayesgate.errors import InvalidArgument
 from bayesgate.models.mc.losses import bbalpha_softmax_loss
 
 BETA_SCHEDULES = ("blundell", "uniform")
@@ -46,12 +47,12 @@ def parse_beta_schedule(text: str | float) -> str | float:
     try:
         value = float(text)
     except (TypeError, ValueError):
-        raise ValueError(
+        raise InvalidArgument(
             f"beta schedule must be one of {', '.join(BETA_SCHEDULES)} or a number ≥ 0, "
             f"got {text!r}"
         ) from None
     if not value >= 0:  # also rejects NaN
-        raise ValueError(f"a constant beta must be ≥ 0, got {text!r}")
+        raise InvalidArgument(f"a constant beta must be ≥ 0, got {text!r}")
     return value
 
 

@@ -1,0 +1,92 @@
+"""``bayesgate``'s error handling: only our typed user errors become a one-line message with exit
+code 2; any other exception (a bug, in our code or deep in torch/numpy) keeps its traceback;
+``--debug`` shows the traceback of user errors too."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bayesgate import cli
+from bayesgate.errors import DataError, InvalidArgument, ModelStoreError, UserError
+from bayesgate.models import cli as models_cli
+
+
+def _fail_with(exc: BaseException):
+    def command(args: argparse.Namespace) -> int:
+        raise exc
+
+    return command
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        ValueError("operands could not be broadcast together"),
+        FileNotFoundError(2, "No such file or directory", "/usr/lib/libcuda.so"),
+        RuntimeError("mat1 and mat2 shapes cannot be multiplied"),
+    ],
+)
+def test_other_errors_keep_their_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, exc: BaseException
+) -> None:
+    monkeypatch.setattr(models_cli, "cmd_evaluate", _fail_with(exc))
+    with pytest.raises(type(exc)) as info:
+        cli.main(["evaluate", "some-model"])
+    assert info.value is exc  # not swallowed into "bayesgate: error: …" and exit code 2
+    assert "bayesgate: error" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        UserError("a problem with the input"),
+        InvalidArgument("--k must be ≥ 1, got 0"),
+        DataError("/data/mnist: missing t10k-images-idx3-ubyte.gz"),
+        ModelStoreError("/m/card.json: model card not found"),
+    ],
+)
+def test_user_errors_are_one_line_with_exit_code_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, exc: UserError
+) -> None:
+    monkeypatch.setattr(models_cli, "cmd_evaluate", _fail_with(exc))
+    assert cli.main(["evaluate", "some-model"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"bayesgate: error: {exc}\n"
+
+
+def test_debug_raises_user_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    exc = InvalidArgument("--k must be ≥ 1, got 0")
+    monkeypatch.setattr(models_cli, "cmd_evaluate", _fail_with(exc))
+    with pytest.raises(InvalidArgument) as info:
+        cli.main(["--debug", "evaluate", "some-model"])
+    assert info.value is exc
+
+
+def test_invalid_argument_is_still_a_value_error() -> None:
+    # library callers that check arguments with ``except ValueError`` keep working
+    assert issubclass(InvalidArgument, ValueError) and issubclass(InvalidArgument, UserError)
+    assert not issubclass(UserError, ValueError)
+
+
+def test_debug_prints_the_traceback_of_a_real_user_error(tmp_path: Path) -> None:
+    missing = tmp_path / "no-model"
+    command = [sys.executable, "-m", "bayesgate.cli"]
+    plain = subprocess.run(
+        [*command, "evaluate", str(missing)], capture_output=True, text=True, timeout=300
+    )
+    assert plain.returncode == 2
+    assert plain.stderr.strip().splitlines() == [
+        f"bayesgate: error: {missing / 'card.json'}: model card not found "
+        f"(is {missing} a model directory?)"
+    ]
+    debug = subprocess.run(
+        [*command, "--debug", "evaluate", str(missing)], capture_output=True, text=True, timeout=300
+    )
+    assert debug.returncode == 1
+    assert "Traceback (most recent call last)" in debug.stderr
+    assert "bayesgate.errors.ModelStoreError" in debug.stderr
