@@ -16,6 +16,7 @@ from torch import nn
 
 from bayesgate.attacks.robust_adaptive import adaptive_detector_step
 from bayesgate.attacks.robust_eval import RobustSettings
+from bayesgate.errors import InvalidArgument
 from bayesgate.models.device import pick_device
 
 
@@ -101,7 +102,7 @@ def _floats(text: str, flag: str) -> tuple[float, ...]:
     try:
         return tuple(float(e) for e in text.split(",") if e.strip())
     except ValueError as exc:
-        raise ValueError(f"{flag} must be comma-separated numbers, got {text!r}") from exc
+        raise InvalidArgument(f"{flag} must be comma-separated numbers, got {text!r}") from exc
 
 
 def load_for_evaluation(path: Path, device: torch.device) -> tuple[nn.Module, str, str]:
@@ -113,7 +114,7 @@ def load_for_evaluation(path: Path, device: torch.device) -> tuple[nn.Module, st
     if (path / ckpt.STATE_FILE).is_file() and not (path / "card.json").is_file():
         found = ckpt.read_checkpoint(path)
         if found is None:
-            raise FileNotFoundError(f"{path}: no checkpoint")
+            raise InvalidArgument(f"{path}: no checkpoint")
         tensors, state = found
         network = build_network(state["settings"]["architecture"])
         network.load_state_dict(ckpt.prefixed(tensors, "model"))

@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 
 from bayesgate.attacks.methods import APGD, Attack, PGDRestarts
 from bayesgate.attacks.model_fn import frozen_parameters, log_predictive_fn
+from bayesgate.errors import InvalidArgument
 from bayesgate.models.mc.engine import mc_predict
 
 ROBUST_ATTACKS = ("pgd", "apgd-ce", "apgd-dlr")
@@ -69,7 +70,7 @@ class RobustSettings:
         ]
         for ok, message in checks:
             if not ok:
-                raise ValueError(message)
+                raise InvalidArgument(message)
 
 
 def attacks_at(eps: float, settings: RobustSettings) -> dict[str, Attack]:

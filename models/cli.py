@@ -18,6 +18,7 @@ from bayesgate.models.device import DEVICE_CHOICES, pick_device, set_threads
 from bayesgate.models.networks.bbb.layers import SAMPLING_MODES
 from bayesgate.models.networks.registry import build_network, preset_architecture, preset_names
 from bayesgate.models.store.directory import ModelCard, load_model, save_model, write_card
+from bayesgate.models.training.adversarial import AdversarialConfig
 from bayesgate.models.training.checkpoint import Checkpointing
 from bayesgate.models.training.train import (
     LOSSES,
@@ -38,6 +39,16 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train", help="train a dropout or Bayes-by-Backprop network on MNIST (BB-α or ELBO)"
     )
+    _network_flags(p)
+    _optimisation_flags(p)
+    _run_flags(p)
+    p.add_argument("--no-progress", action="store_true")
+    adversarial_cli.add_arguments(p)
+    p.set_defaults(func=cmd_train)
+
+
+def _network_flags(p: argparse.ArgumentParser) -> None:
+    """The network and its objective: preset, α, loss, BBB options."""
     p.add_argument(
         "--preset",
         default="mlp-2x100",
@@ -68,6 +79,10 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="bbb-* only: local reparameterisation or weight sampling (default: the preset's)",
     )
+
+
+def _optimisation_flags(p: argparse.ArgumentParser) -> None:
+    """MC samples, epochs, optimiser, learning rate and its schedule, regularisation."""
     p.add_argument(
         "--k-train",
         type=int,
@@ -99,6 +114,10 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--patience", type=int, default=0, help="early stopping on validation LL; 0 = off"
     )
+
+
+def _run_flags(p: argparse.ArgumentParser) -> None:
+    """Data, device, output and checkpoint of the run."""
     p.add_argument(
         "--val-size",
         type=int,
@@ -126,9 +145,6 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--threads", type=int, default=None, help="CPU threads for torch (torch.set_num_threads)"
     )
-    p.add_argument("--no-progress", action="store_true")
-    adversarial_cli.add_arguments(p)
-    p.set_defaults(func=cmd_train)
 
 
 def _add_evaluate_parser(sub: argparse._SubParsersAction) -> None:
@@ -166,35 +182,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     name = args.name or (f"{args.preset}" if not arch["stochastic"] else f"{args.preset}-{suffix}")
     out = args.out or Path("runs") / name
     adversarial = adversarial_cli.adversarial_config(args, config.alpha)
-    checkpointing = Checkpointing(
-        directory=args.checkpoint_dir or checkpoint_root() / name,
-        resume=args.resume,
-        settings={"preset": args.preset, "architecture": arch, "val_size": args.val_size,
-                  "limit": args.limit,
-                  "adversarial": adversarial.as_dict() if adversarial else None},
-    )  # fmt: skip
+    checkpointing = _checkpointing(args, name, arch, adversarial)
     train_data = load_mnist("train", val_size=args.val_size, limit=args.limit)
     val_data = load_mnist("val", val_size=args.val_size) if args.val_size else None
     torch.manual_seed(args.seed)  # the initial weights, too, follow --seed
     model = build_network(arch)
     print(f"training {name} on {train_data[0].shape[0]} images, device {device}, checkpoint "
           f"{checkpointing.directory}", file=sys.stderr)  # fmt: skip
-    transform = None
-    if adversarial is not None:
-        transform = adversarial_cli.batch_transform(
-            adversarial, len(train_data[0]), config.batch_size, checkpointing.directory, args.resume
-        )
-    monitor = None
-    if adversarial is not None and val_data is not None and adversarial.monitor_size:
-        monitor = (val_data[0][: adversarial.monitor_size], val_data[1][: adversarial.monitor_size])
-    on_epoch = adversarial_cli.EpochLog(
-        model,
-        adversarial,
-        monitor,
-        k=config.k_val,
-        device=device,
-        path=args.epoch_log,
-        printer=lambda line: print(line, file=sys.stderr),
+    transform, on_epoch = _epoch_hooks(
+        args, model, adversarial, config, (train_data, val_data), device, checkpointing
     )
     result = train(
         model,
@@ -212,6 +208,51 @@ def cmd_train(args: argparse.Namespace) -> int:
     save_model(model, card, out)
     print(json.dumps({"model": str(out), "val": result.val_metrics}, indent=2))
     return 0
+
+
+def _checkpointing(
+    args: argparse.Namespace, name: str, arch: dict[str, Any], adversarial: AdversarialConfig | None
+) -> Checkpointing:
+    """Where the per-epoch checkpoint goes, and the settings a resumed run must match."""
+    return Checkpointing(
+        directory=args.checkpoint_dir or checkpoint_root() / name,
+        resume=args.resume,
+        settings={"preset": args.preset, "architecture": arch, "val_size": args.val_size,
+                  "limit": args.limit,
+                  "adversarial": adversarial.as_dict() if adversarial else None},
+    )  # fmt: skip
+
+
+def _epoch_hooks(
+    args: argparse.Namespace,
+    model: torch.nn.Module,
+    adversarial: AdversarialConfig | None,
+    config: TrainConfig,
+    data: tuple[Any, Any],
+    device: torch.device,
+    checkpointing: Checkpointing,
+) -> tuple[Any, adversarial_cli.EpochLog]:
+    """The adversarial batch transform (None without ``--adversarial``) and the per-epoch log
+    (with the clean/PGD accuracy of held-out monitor images when training adversarially)."""
+    train_data, val_data = data
+    transform = None
+    if adversarial is not None:
+        transform = adversarial_cli.batch_transform(
+            adversarial, len(train_data[0]), config.batch_size, checkpointing.directory, args.resume
+        )
+    monitor = None
+    if adversarial is not None and val_data is not None and adversarial.monitor_size:
+        monitor = (val_data[0][: adversarial.monitor_size], val_data[1][: adversarial.monitor_size])
+    on_epoch = adversarial_cli.EpochLog(
+        model,
+        adversarial,
+        monitor,
+        k=config.k_val,
+        device=device,
+        path=args.epoch_log,
+        printer=lambda line: print(line, file=sys.stderr),
+    )
+    return transform, on_epoch
 
 
 def command_line(

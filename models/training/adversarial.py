@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from bayesgate.errors import InvalidArgument
 from bayesgate.models.mc.engine import mc_log_predictive, mc_logits
 from bayesgate.models.mc.losses import bbalpha_softmax_loss
 
@@ -77,7 +78,7 @@ class AdversarialConfig:
         ]
         for ok, message in checks:
             if not ok:
-                raise ValueError(message)
+                raise InvalidArgument(message)
 
     @property
     def n_steps(self) -> int:
