@@ -29,12 +29,15 @@ import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
+from bayesgate.errors import UserError
+
 STATE_FILE = "checkpoint.json"
 FORMAT = "bayesgate-checkpoint/1"
 
 
-class CheckpointError(ValueError):
-    """A checkpoint is missing, corrupt, or was written by a run with other settings."""
+class CheckpointError(UserError, ValueError):
+    """A checkpoint is missing, corrupt, or was written by a run with other settings (a user
+    error: ``bayesgate`` prints it as one line)."""
 
 
 @dataclass
