@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bayesgate.errors import InvalidArgument
 from bayesgate.models.device import DEVICE_CHOICES, pick_device
 
 
@@ -88,13 +89,15 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     for name in ("k", "k_attack", "limit", "batch_size", "threads"):
         value = getattr(args, name, None)
         if value is not None and value < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be ≥ 1, got {value}")
+            raise InvalidArgument(f"--{name.replace('_', '-')} must be ≥ 1, got {value}")
     if args.threads:
         torch.set_num_threads(args.threads)
     device = pick_device(args.device)
     loaded = load_model(args.model, device)
     if not (Path(args.model) / DETECTOR_JSON).is_file():
-        raise ValueError(f"{args.model} has no {DETECTOR_JSON}: run `bayesgate fit-detector` first")
+        raise InvalidArgument(
+            f"{args.model} has no {DETECTOR_JSON}: run `bayesgate fit-detector` first"
+        )
     detector = load_detector(args.model, loaded.card.weights_sha256)
     return loaded, detector, device
 
@@ -104,7 +107,7 @@ def _attack_limits(items: list[str]) -> dict[str, int]:
     for item in items:
         name, sep, value = item.partition("=")
         if not sep or not value.strip().isdigit():
-            raise ValueError(f"--attack-limit expects NAME=N, got {item!r}")
+            raise InvalidArgument(f"--attack-limit expects NAME=N, got {item!r}")
         limits[name.strip()] = int(value)
     return limits
 
