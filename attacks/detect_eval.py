@@ -21,7 +21,6 @@ the evaluation's K).
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -49,8 +48,10 @@ EVAL_ATTACKS = SEEN_ATTACKS + UNSEEN_ATTACKS
 
 
 def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "bayesgate" / "detect-eval"
+    """``$XDG_CACHE_HOME/bayesgate/detect-eval`` (the user cache of the data settings)."""
+    from bayesgate.models.data.settings import data_settings
+
+    return data_settings().cache_root / "detect-eval"
 
 
 @dataclass(frozen=True)
