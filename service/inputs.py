@@ -17,6 +17,7 @@ import base64
 import binascii
 import io
 import math
+import struct
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -121,39 +122,70 @@ def kind_text(arr: np.ndarray) -> str:
     )
 
 
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def png_header_size(data: bytes) -> tuple[int, int] | None:
+    """``(height, width)`` from a PNG's IHDR chunk (bytes 16–24), or None when not a PNG header."""
+    if len(data) < 24 or not data.startswith(_PNG_SIGNATURE) or data[12:16] != b"IHDR":
+        return None
+    width, height = struct.unpack(">II", data[16:24])
+    return height, width
+
+
 def decode_png(data: bytes, field: str, shape: Sequence[int]) -> np.ndarray:
     """PNG bytes → float32 array of ``shape`` in [0, 1] (``pixel / 255``).
 
     The file must be a PNG, 8-bit grayscale (Pillow mode ``L``) and exactly the card's
-    height × width; the size is checked from the header before any pixel is decoded.
+    height × width. The size is read from the PNG header before Pillow sees the file, so a
+    decompression bomb (say a 20000×20000 PNG of zeros, 389 kB) is refused without decoding; any
+    failure of the decoder itself (Pillow's own bomb limit for other formats, truncated or corrupt
+    data) is an :class:`InvalidInput` (422) too, never a 500.
     """
     height, width = int(shape[-2]), int(shape[-1])
     if math.prod(shape) != height * width:
         raise InvalidInput(f"{field}: this model takes {len(shape)}-D input, not grayscale PNGs")
+    declared = png_header_size(data)
+    if declared is not None and declared != (height, width):
+        raise InvalidInput(
+            f"{field}: expected a {height}×{width} image, got {declared[0]}×{declared[1]} "
+            f"(images larger than the model's {height}×{width} input are refused before decoding)"
+        )
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data))
-            image_format, mode, size = image.format, image.mode, image.size
-            if image_format != "PNG":
-                raise InvalidInput(f"{field}: expected a PNG file, got {image_format or 'unknown'}")
-            if size != (width, height):
-                raise InvalidInput(
-                    f"{field}: expected a {height}×{width} image, got {size[1]}×{size[0]}"
-                )
-            if mode != "L":
-                raise InvalidInput(
-                    f"{field}: expected an 8-bit grayscale PNG (mode L), got mode {mode}"
-                )
-            image.load()
+        image = _open_png(data, field, height, width)
     except InvalidInput:
         raise
     except UnidentifiedImageError:
         raise InvalidInput(f"{field}: not a PNG image (unknown or corrupt file format)") from None
-    except (OSError, SyntaxError, ValueError, Warning) as exc:
+    except Image.DecompressionBombError as exc:
+        raise InvalidInput(
+            f"{field}: image refused by the decoder's size limit of {Image.MAX_IMAGE_PIXELS} "
+            f"pixels ({exc})"
+        ) from None
+    except Exception as exc:  # any other decoder failure is a bad file, not a server error
         raise InvalidInput(f"{field}: not a readable PNG image ({exc})") from None
     pixels = np.asarray(image, dtype=np.uint8).astype(np.float32) / 255.0
     return pixels.reshape(shape)
+
+
+def _open_png(data: bytes, field: str, height: int, width: int) -> Image.Image:
+    """Open and fully decode ``data``; :class:`InvalidInput` unless an 8-bit PNG of this size."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        image = Image.open(io.BytesIO(data))
+        image_format, mode, size = image.format, image.mode, image.size
+        if image_format != "PNG":
+            raise InvalidInput(f"{field}: expected a PNG file, got {image_format or 'unknown'}")
+        if size != (width, height):
+            raise InvalidInput(
+                f"{field}: expected a {height}×{width} image, got {size[1]}×{size[0]}"
+            )
+        if mode != "L":
+            raise InvalidInput(
+                f"{field}: expected an 8-bit grayscale PNG (mode L), got mode {mode}"
+            )
+        image.load()
+    return image
 
 
 def decode_base64(text: str, field: str) -> bytes:
