@@ -7,7 +7,9 @@ and one-line start-up failures.
 (:data:`bayesgate.service.logs.REQUEST_ID`), counts and times the request in Prometheus by route
 template,
 and writes one JSON access-log line (``bayesgate.access``; health, readiness and metrics probes at
-DEBUG so they do not flood the log). Query strings and headers are never logged.
+DEBUG so they do not flood the log). Query strings and headers are never logged. A client that
+hangs up before its body is read (Starlette's ``ClientDisconnect``) is logged and counted as 499,
+with no traceback: there is nobody to answer.
 
 :class:`BodyLimitMiddleware` answers 413 before reading a body whose ``Content-Length`` is too
 large, and stops a chunked body as soon as it grows past the limit (``PayloadTooLarge`` is raised
@@ -26,6 +28,7 @@ import logging
 import time
 from typing import Any
 
+from starlette.requests import ClientDisconnect
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -98,6 +101,10 @@ class RequestContextMiddleware:
 
         try:
             await self.app(scope, receive, send_with_id)
+        except ClientDisconnect:
+            # The client hung up while sending its body (an aborted upload): nobody is left to
+            # answer, so this is neither a 500 nor a traceback — a 499 in the log and metrics.
+            status = CLIENT_CLOSED
         except asyncio.CancelledError:
             status = CLIENT_CLOSED  # the client went away before the answer
             raise
