@@ -70,6 +70,7 @@ def start_worker(served: ServedModel, settings: Settings) -> BatchWorker:
         max_batch_size=settings.max_batch_size,
         max_queue_delay_s=settings.max_queue_delay_s,
         queue_capacity=settings.queue_capacity,
+        max_queued_work=settings.max_queued_work,
     )
     worker.start()
     return worker
@@ -89,6 +90,13 @@ async def warm_up(worker: BatchWorker, settings: Settings, state: Any) -> None:
         state.startup_error = f"warm-up batch failed: {exc.message}"
         raise StartupError(state.startup_error) from exc
     worker.stats = WorkerStats()  # the warm-up batch is not traffic
+
+
+def drain_answer_after(drain_timeout_s: float) -> float:
+    """Seconds after uvicorn starts draining at which the app answers what is left with 503:
+    before uvicorn cancels the requests at ``drain_timeout_s`` (plus its own 0.1 s), by a margin
+    of 0.5 s (a quarter of the timeout when that is shorter) for the answers to be written."""
+    return max(0.0, drain_timeout_s - min(0.5, drain_timeout_s / 4))
 
 
 @dataclass
@@ -112,7 +120,18 @@ def go_ready(
         state.draining = True
         metrics.set_ready(False)
 
-    uninstall = install_drain_handler(asyncio.get_running_loop(), settings.drain_delay_s, on_drain)
+    def on_stop() -> None:
+        loop.call_later(drain_answer_after(settings.drain_timeout_s), abandon_at_drain_deadline)
+
+    def abandon_at_drain_deadline() -> None:
+        answered = worker.abandon(
+            f"server shutting down: the drain timeout ({settings.drain_timeout_s:g} s, "
+            "BAYESGATE_DRAIN_TIMEOUT_S) expired before this request was answered"
+        )
+        log.warning("drain timeout: %d queued or running request(s) answered 503", answered)
+
+    loop = asyncio.get_running_loop()
+    uninstall = install_drain_handler(loop, settings.drain_delay_s, on_drain, on_stop)
     watcher = asyncio.create_task(control.watch()) if control.shared else None
     served = worker.model
     log.info(
@@ -201,10 +220,17 @@ def add_middleware(
     app: FastAPI, settings: Settings, metrics: Metrics, templates: list[str]
 ) -> None:
     """Body limit (innermost), one-line start-up failures, request context (outermost)."""
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_body_bytes=settings.max_body_bytes,
+        max_header_count=settings.max_header_count,
+        max_header_bytes=settings.max_header_bytes,
+        body_read_timeout_s=settings.body_read_timeout_s,
+    )
     app.add_middleware(StartupMessageMiddleware, state=app.state)
     app.add_middleware(
         RequestContextMiddleware,
+        state=app.state,
         templates=[
             *templates,
             *(p for r in app.routes if isinstance(p := getattr(r, "path", None), str)),

@@ -139,6 +139,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             log_config=uvicorn_log_config(settings.log_level, settings.log_format),
             access_log=False,  # the app writes its own access log (with request ids)
             timeout_graceful_shutdown=settings.drain_timeout_s,  # type: ignore[arg-type]
+            # h11 (not httptools) bounds the request line + headers; see docs/service.md.
+            http="h11",
+            h11_max_incomplete_event_size=settings.max_header_bytes,
+            timeout_keep_alive=settings.keep_alive_timeout_s,
         )
     finally:
         if own_runtime_dir is not None:

@@ -19,6 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.routing import compile_path
 
 log = logging.getLogger("bayesgate.service")
@@ -50,6 +51,18 @@ class PayloadTooLarge(ServiceError):
     """The request body exceeds ``max_body_bytes``."""
 
     code = "payload_too_large"
+
+
+class HeadersTooLarge(ServiceError):
+    """More request headers than ``max_header_count``."""
+
+    code = "headers_too_large"
+
+
+class BodyTimeout(ServiceError):
+    """The body stopped arriving for ``body_read_timeout_s`` (shorter than its Content-Length)."""
+
+    code = "body_timeout"
 
 
 class UnsupportedMediaType(ServiceError):
@@ -107,6 +120,10 @@ class ReloadFailed(ServiceError):
     code = "reload_failed"
 
 
+class ClientGone(ClientDisconnect):
+    """The client closed the connection before its answer: nobody to answer (499 in the log)."""
+
+
 class StartupError(Exception):
     """The model or its calibration cannot be served; the message names the file and problem."""
 
@@ -116,6 +133,8 @@ HTTP_STATUS: dict[type[ServiceError], int] = {
     TooManyInstances: 413,
     InvalidInput: 422,
     PayloadTooLarge: 413,
+    HeadersTooLarge: 431,
+    BodyTimeout: 408,
     UnsupportedMediaType: 415,
     ModelNotFound: 404,
     NotReady: 503,
@@ -167,6 +186,8 @@ def error_response(exc: ServiceError, *, v2: bool = False) -> JSONResponse:
     headers: dict[str, str] = {}
     if isinstance(exc, QueueFull):
         headers["Retry-After"] = str(exc.retry_after_s)
+    if isinstance(exc, (BodyTimeout, HeadersTooLarge)):
+        headers["Connection"] = "close"  # the rest of the request is not read: do not reuse
     if isinstance(exc, Unauthorized):
         headers["WWW-Authenticate"] = 'Bearer realm="bayesgate-admin"'
     if status >= 500:

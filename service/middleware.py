@@ -32,7 +32,13 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from bayesgate.service.errors import PayloadTooLarge, error_response, is_v2_path
+from bayesgate.service.errors import (
+    BodyTimeout,
+    HeadersTooLarge,
+    PayloadTooLarge,
+    error_response,
+    is_v2_path,
+)
 from bayesgate.service.logs import REQUEST_ID, accept_request_id
 from bayesgate.service.metrics import Metrics
 
@@ -40,6 +46,7 @@ access_log = logging.getLogger("bayesgate.access")
 
 UNMATCHED = "unmatched"
 CLIENT_CLOSED = 499  # nginx's code for "the client closed the connection first"
+ARRIVED = "bayesgate.arrived"  # scope key: time.monotonic() when the request reached the app
 QUIET_ROUTES = frozenset({"/healthz", "/readyz", "/metrics", "/v2/health/live", "/v2/health/ready"})
 
 
@@ -67,8 +74,10 @@ class RequestContextMiddleware:
         templates: list[str],
         metrics: Metrics | None,
         access_log: bool = True,
+        state: Any = None,
     ) -> None:
         self.app = app
+        self.state = state  # app.state: ``draining`` adds Connection: close to every response
         self.route_of = RouteTemplates(templates)
         self.metrics = metrics
         self.access_log = access_log
@@ -78,6 +87,7 @@ class RequestContextMiddleware:
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
+        scope[ARRIVED] = time.monotonic()  # the request deadline counts from here
         offered = None
         for name, value in scope.get("headers", ()):
             if name == b"x-request-id":
@@ -94,6 +104,9 @@ class RequestContextMiddleware:
                 status = message["status"]
                 headers = [h for h in message.get("headers", []) if h[0].lower() != b"x-request-id"]
                 headers.append((b"x-request-id", request_id.encode()))
+                if getattr(self.state, "draining", False):
+                    headers = [h for h in headers if h[0].lower() != b"connection"]
+                    headers.append((b"connection", b"close"))
                 message = {**message, "headers": headers}
             elif message["type"] == "http.response.body":
                 sent += len(message.get("body", b""))
@@ -140,10 +153,25 @@ class RequestContextMiddleware:
         access_log.log(level, "%s %s %d", method, path, status, extra={"fields": fields})
 
 
+def arrived_at(scope: Scope) -> float:
+    """``time.monotonic()`` when the request reached the app (now if no middleware stamped it)."""
+    return scope.get(ARRIVED, time.monotonic())
+
+
 class BodyLimitMiddleware:
-    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_body_bytes: int,
+        max_header_count: int | None = None,
+        body_read_timeout_s: float | None = None,
+        max_header_bytes: int | None = None,
+    ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.max_header_count = max_header_count
+        self.max_header_bytes = max_header_bytes
+        self.body_read_timeout_s = body_read_timeout_s
 
     def _error(self, size: str) -> PayloadTooLarge:
         return PayloadTooLarge(
@@ -155,25 +183,60 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        length = dict(scope.get("headers", ())).get(b"content-length")
+        v2 = is_v2_path(scope.get("path", ""))
+        headers = scope.get("headers", ())
+        error = self._check_headers(headers)
+        if error is not None:
+            await error_response(error, v2=v2)(scope, receive, send)
+            return
+        length = dict(headers).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
-            response = error_response(
-                self._error(length.decode()), v2=is_v2_path(scope.get("path", ""))
-            )
-            await response(scope, receive, send)
+            await error_response(self._error(length.decode()), v2=v2)(scope, receive, send)
             return
         seen = 0
+        body_done = False
 
         async def limited_receive() -> Message:
-            nonlocal seen
-            message = await receive()
+            nonlocal seen, body_done
+            message = await self._next_piece(receive, body_done)
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
+                body_done = not message.get("more_body", False)
                 if seen > self.max_body_bytes:
                     raise self._error(f"more than {self.max_body_bytes}")
             return message
 
         await self.app(scope, limited_receive, send)
+
+    def _check_headers(self, headers: Any) -> HeadersTooLarge | None:
+        """More headers than ``max_header_count``, or more header bytes than ``max_header_bytes``
+        (h11 enforces its limit only on a head that arrives in pieces)."""
+        if self.max_header_count is not None and len(headers) > self.max_header_count:
+            return HeadersTooLarge(
+                f"{len(headers)} request headers, at most {self.max_header_count} allowed "
+                "(BAYESGATE_MAX_HEADER_COUNT)"
+            )
+        size = sum(len(name) + len(value) for name, value in headers)
+        if self.max_header_bytes is not None and size > self.max_header_bytes:
+            return HeadersTooLarge(
+                f"request headers of {size} bytes, at most {self.max_header_bytes} allowed "
+                "(BAYESGATE_MAX_HEADER_BYTES)"
+            )
+        return None
+
+    async def _next_piece(self, receive: Receive, body_done: bool) -> Message:
+        """The next message; while the body is incomplete, at most ``body_read_timeout_s`` away
+        (a client announcing more than it sends — slowloris — gets 408). Once the body is complete
+        the next message is the disconnect, awaited without a limit."""
+        if body_done or self.body_read_timeout_s is None:
+            return await receive()
+        try:
+            return await asyncio.wait_for(receive(), self.body_read_timeout_s)
+        except asyncio.TimeoutError:
+            raise BodyTimeout(
+                f"the request body stopped arriving for {self.body_read_timeout_s:g} s "
+                "(BAYESGATE_BODY_READ_TIMEOUT_S)"
+            ) from None
 
 
 class StartupMessageMiddleware:

@@ -46,8 +46,28 @@ class Settings(BaseSettings):
         5.0, ge=0, description="longest wait for more requests before a batch runs"
     )
     queue_capacity: int = Field(256, ge=1, description="requests waiting before 503 Retry-After")
+    max_queued_work: int = Field(
+        65536,
+        ge=1,
+        description="image-passes (Σ images × K) waiting before 503 Retry-After; a request that "
+        "would exceed it is refused at once (one request always fits an empty queue)",
+    )
     request_timeout_s: float = Field(30.0, gt=0, description="deadline per request before 504")
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="largest request body")
+    max_header_bytes: int = Field(
+        32 * 1024,
+        ge=1024,
+        description="largest request head: uvicorn's h11_max_incomplete_event_size (a head still "
+        "incomplete beyond it gets uvicorn's plain-text 400 and is closed) and, for a head that "
+        "arrived at once, the app's limit on header bytes (431)",
+    )
+    max_header_count: int = Field(100, ge=1, description="most request headers (431 beyond)")
+    body_read_timeout_s: float = Field(
+        30.0, gt=0, description="longest wait for the next piece of a request body (408 after)"
+    )
+    keep_alive_timeout_s: int = Field(
+        5, ge=1, description="an idle keep-alive connection is closed after this many seconds"
+    )
     num_threads: int = Field(0, ge=0, description="torch CPU threads; 0 = torch's default")
     log_level: LogLevel = "info"
     log_format: LogFormat = Field(

@@ -12,6 +12,12 @@ connections, so :func:`install_drain_handler` puts one step before that:
    drain timeout), the lifespan stops the inference worker (nothing is queued any more);
 3. the process exits 0.
 
+From step 1 on, every response carries ``Connection: close`` (the middleware reads
+``state.draining``), so keep-alive clients reconnect elsewhere instead of being reset. Just before
+uvicorn's drain timeout would cancel the remaining requests (uvicorn answers a cancelled request
+with a plain-text 500), ``on_stop`` lets the app answer every queued and running job itself with
+the documented JSON 503 (see :func:`bayesgate.service.app.go_ready`).
+
 SIGINT (Ctrl-C) and a second SIGTERM skip the delay. The handler is installed only when the
 current handler is a uvicorn server's (so tests running the app in-process never touch signals);
 it wraps that handler rather than replacing uvicorn's shutdown logic.
@@ -40,17 +46,32 @@ def _uvicorn_handler(handler: Any) -> bool:
 
 
 def install_drain_handler(
-    loop: asyncio.AbstractEventLoop, delay_s: float, on_drain: Callable[[], None]
+    loop: asyncio.AbstractEventLoop,
+    delay_s: float,
+    on_drain: Callable[[], None],
+    on_stop: Callable[[], None] | None = None,
 ) -> Callable[[], None] | None:
     """Wrap uvicorn's SIGTERM/SIGINT handler (see the module docstring); return an uninstaller.
 
-    ``on_drain`` runs once, on the first signal (it turns readiness off). Returns None (and does
-    nothing) when no uvicorn server handles the signals in this thread.
+    ``on_drain`` runs once, on the first signal (it turns readiness off); ``on_stop`` runs once, on
+    the loop, when uvicorn's own handler is called (its drain timeout starts then). Returns None
+    (and does nothing) when no uvicorn server handles the signals in this thread.
     """
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     if not all(_uvicorn_handler(h) for h in previous.values()):
         return None
     draining = False
+    stopped = False
+
+    def stopping() -> None:
+        nonlocal stopped
+        if not stopped and on_stop is not None:
+            stopped = True
+            on_stop()
+
+    def delayed_stop(sig: int, stop: SignalHandler) -> None:
+        stopping()
+        stop(sig, None)
 
     def begin(sig: int, stop: SignalHandler, delayed: bool) -> None:
         # On the loop, not in the signal handler: on_drain and logging take locks that the
@@ -61,7 +82,7 @@ def install_drain_handler(
                 "SIGTERM: readiness off; serving %.3g s more, then draining in-flight requests",
                 delay_s,
             )
-            loop.call_later(delay_s, stop, sig, None)
+            loop.call_later(delay_s, delayed_stop, sig, stop)
         else:
             log.info("%s: readiness off; draining in-flight requests", signal.Signals(sig).name)
 
@@ -73,6 +94,7 @@ def install_drain_handler(
         if first:
             loop.call_soon_threadsafe(begin, sig, stop, delayed)
         if not delayed:
+            loop.call_soon_threadsafe(stopping)
             stop(sig, frame)  # uvicorn's handler only sets flags: safe here
 
     for sig in previous:

@@ -15,7 +15,16 @@ larger than ``max_batch_size`` runs alone. Within a batch:
   depends only on (input, seed, K) and never on what else was queued.
 
 An exception in an engine call fails only the jobs of that call (``InferenceFailed``); the
-thread keeps serving. Expired or cancelled jobs are dropped before they reach the engine.
+thread keeps serving.
+
+Admission is by work, not by requests: a job costs ``B × K`` image-passes, and the queue holds at
+most ``max_queued_work`` of them (and at most ``queue_capacity`` jobs); a request that does not fit
+is refused at once (:class:`QueueFull`, 503 + ``Retry-After``). A job's deadline is fixed by the
+caller from the moment its request *arrived* (not when it was enqueued). A job whose deadline has
+passed, or whose client hung up (the route cancels it), before its batch runs is dropped — never
+computed — and counted in ``bayesgate_jobs_dropped_total{reason}`` (``deadline``,
+``client_gone``). At the drain deadline :meth:`BatchWorker.abandon` answers every queued and
+running job with :class:`NotReady` (503) so no client is left to uvicorn's cancellation.
 
 The worker is the one owner of the served model
 (:class:`~bayesgate.service.served_model.ServedModel`): the routes read ``worker.model`` and an
@@ -35,13 +44,20 @@ import queue
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from bayesgate.service.engine import Engine, mc_engine
-from bayesgate.service.errors import DeadlineExceeded, InferenceFailed, NotReady, QueueFull
+from bayesgate.service.errors import (
+    ClientGone,
+    DeadlineExceeded,
+    InferenceFailed,
+    NotReady,
+    QueueFull,
+)
 from bayesgate.service.metrics import Metrics
 from bayesgate.service.prediction import Prediction, predictions
 from bayesgate.service.served_model import ServedModel
@@ -61,6 +77,7 @@ class Job:
     return_samples: bool
     deadline: float  # time.monotonic() after which the answer is useless
     enqueued: float = field(default_factory=time.monotonic)
+    dropped: str | None = None  # why the waiting request cancelled it (``client_gone``, …)
     future: concurrent.futures.Future[list[Prediction]] = field(
         default_factory=concurrent.futures.Future
     )
@@ -68,6 +85,32 @@ class Job:
     @property
     def size(self) -> int:
         return int(self.x.shape[0])
+
+    @property
+    def work(self) -> int:
+        """The job's cost in image-passes: ``B × K``."""
+        return self.size * self.k
+
+
+def settle(
+    future: concurrent.futures.Future[Any], result: Any = None, exc: Exception | None = None
+):
+    """Set a future's result or exception unless it is already done (abandoned at shutdown)."""
+    try:
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+    except concurrent.futures.InvalidStateError:
+        pass
+
+
+def _claim(job: Job) -> bool:
+    """Mark the job running; False when its request cancelled it (or abandon() answered it)."""
+    try:
+        return job.future.set_running_or_notify_cancel()
+    except RuntimeError:  # finished meanwhile by abandon()
+        return False
 
 
 class WorkerStats:
@@ -135,10 +178,18 @@ class BatchWorker:
         max_batch_size: int = 64,
         max_queue_delay_s: float = 0.005,
         queue_capacity: int = 256,
+        max_queued_work: int | None = None,
         engine: Engine = mc_engine,
     ) -> None:
         if max_batch_size < 1 or queue_capacity < 1 or max_queue_delay_s < 0:
             raise ValueError("max_batch_size and queue_capacity must be ≥ 1, delay ≥ 0")
+        if max_queued_work is not None and max_queued_work < 1:
+            raise ValueError("max_queued_work must be ≥ 1")
+        self.max_queued_work = max_queued_work  # image-passes (B × K) waiting; None = unbounded
+        self._work_lock = threading.Lock()
+        self._queued_work = 0
+        # The batch being gathered or computed (answered by abandon() at the drain deadline).
+        self._running: list[Job] = []
         # The served model, owned here: the routes read it, an admin change replaces it.
         self.model = model
         self.max_batch_size = max_batch_size
@@ -160,30 +211,83 @@ class BatchWorker:
     def queue_depth(self) -> int:
         return self._queue.qsize()
 
+    def queued_work(self) -> int:
+        """Image-passes (``Σ B × K``) waiting in the queue."""
+        with self._work_lock:
+            return self._queued_work
+
     def submit(
-        self, x: torch.Tensor, k: int, *, seed: int | None, return_samples: bool, timeout_s: float
+        self,
+        x: torch.Tensor,
+        k: int,
+        *,
+        seed: int | None,
+        return_samples: bool,
+        deadline: float,
     ) -> Job:
-        """Enqueue without blocking; :class:`QueueFull` when the queue is at capacity."""
+        """Enqueue without blocking; :class:`QueueFull` when the job's work or the job itself does
+        not fit."""
         if not self.running:
             raise NotReady("the inference worker is not running (starting up or shutting down)")
-        job = Job(
-            x=x,
-            k=k,
-            seed=seed,
-            return_samples=return_samples,
-            deadline=time.monotonic() + timeout_s,
-        )
-        try:
-            self._queue.put_nowait(job)
-        except queue.Full:
-            self.stats.record(requests_rejected=1)
-            if self.metrics is not None:
-                self.metrics.count_requests("rejected")
-            raise QueueFull(
-                f"the inference queue is full ({self._queue.maxsize} requests waiting); retry later"
-            ) from None
+        job = Job(x=x, k=k, seed=seed, return_samples=return_samples, deadline=deadline)
+        with self._work_lock:
+            held = self._queued_work
+            if (
+                self.max_queued_work is not None
+                and held > 0
+                and held + job.work > self.max_queued_work
+            ):
+                self._reject()
+                raise QueueFull(
+                    f"the inference queue is full: it holds {held} image-passes (images × K) of "
+                    f"work, this request needs {job.work} and the limit is {self.max_queued_work} "
+                    "(BAYESGATE_MAX_QUEUED_WORK); retry later"
+                )
+            try:
+                self._queue.put_nowait(job)
+            except queue.Full:
+                self._reject()
+                raise QueueFull(
+                    f"the inference queue is full ({self._queue.maxsize} requests waiting); "
+                    "retry later"
+                ) from None
+            self._queued_work += job.work
         self._report_depth()
         return job
+
+    def check_room(self) -> None:
+        """:class:`QueueFull` at once when the queue is already full (in jobs or in work), so a
+        request is refused before its body is decoded."""
+        held = self.queued_work()
+        if self._queue.full():
+            self._reject()
+            raise QueueFull(
+                f"the inference queue is full ({self._queue.maxsize} requests waiting); retry later"
+            )
+        if self.max_queued_work is not None and held >= self.max_queued_work:
+            self._reject()
+            raise QueueFull(
+                f"the inference queue is full: it holds {held} image-passes (images × K) of "
+                f"work, the limit is {self.max_queued_work} (BAYESGATE_MAX_QUEUED_WORK); "
+                "retry later"
+            )
+
+    def _reject(self) -> None:
+        self.stats.record(requests_rejected=1)
+        if self.metrics is not None:
+            self.metrics.count_requests("rejected")
+
+    def _dequeued(self, job: Job) -> Job:
+        with self._work_lock:
+            self._queued_work -= job.work
+        return job
+
+    def drop(self, reason: str, n: int = 1) -> None:
+        """Count jobs dropped without being computed (``bayesgate_jobs_dropped_total``)."""
+        self.stats.record(requests_expired=n)
+        if self.metrics is not None:
+            self.metrics.count_requests("expired", n)
+            self.metrics.count_dropped(reason, n)
 
     def _report_depth(self) -> None:
         if self.metrics is not None:
@@ -197,17 +301,41 @@ class BatchWorker:
         seed: int | None = None,
         return_samples: bool = False,
         timeout_s: float = 30.0,
+        arrived: float | None = None,
+        client_gone: Callable[[], Awaitable[Any]] | None = None,
     ) -> list[Prediction]:
         """Answer one request (one :class:`Prediction` per instance, in order); raises the job's
-        domain error."""
-        job = self.submit(x, k, seed=seed, return_samples=return_samples, timeout_s=timeout_s)
+        domain error.
+
+        The deadline is ``arrived + timeout_s`` (``arrived``: ``time.monotonic()`` when the request
+        reached the server; default now). ``client_gone()`` completes when the client hangs up: the
+        job is then cancelled (dropped if not yet running) and :class:`ClientGone` raised.
+        """
+        deadline = (time.monotonic() if arrived is None else arrived) + timeout_s
+        late = DeadlineExceeded(
+            f"no answer within the request timeout of {timeout_s:g} s (server busy)"
+        )
+        if time.monotonic() >= deadline:
+            self.drop("deadline")  # spent its whole time reading and decoding: never enqueued
+            raise late
+        job = self.submit(x, k, seed=seed, return_samples=return_samples, deadline=deadline)
+        answer = asyncio.wrap_future(job.future)
+        watcher = asyncio.ensure_future(client_gone()) if client_gone is not None else None
+        waiting = {answer} if watcher is None else {answer, watcher}
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(job.future), timeout_s)
-        except asyncio.TimeoutError:
-            job.future.cancel()  # dropped by the worker if it has not started it yet
-            raise DeadlineExceeded(
-                f"no answer within the request timeout of {timeout_s:g} s (server busy)"
-            ) from None
+            done, _ = await asyncio.wait(
+                waiting, timeout=deadline - time.monotonic(), return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            if watcher is not None and not watcher.done():
+                watcher.cancel()
+        if answer in done:
+            return answer.result()
+        job.dropped = "client_gone" if watcher is not None and watcher in done else "deadline"
+        job.future.cancel()  # dropped by the worker if it has not started it yet
+        if job.dropped == "client_gone":
+            raise ClientGone("the client closed the connection before the answer")
+        raise late
 
     def start(self) -> None:
         if self._thread is not None:
@@ -220,16 +348,27 @@ class BatchWorker:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
-        pending = [self._carry] if self._carry else []
-        self._carry = None
+        self.abandon("server shutting down")
+
+    def abandon(self, message: str) -> int:
+        """Answer every queued and running job with :class:`NotReady` (``message``) now; return
+        how many. A running engine call finishes in the thread, its answer is discarded."""
+        pending = list(self._running)
+        carry, self._carry = self._carry, None
+        if carry is not None:
+            pending.append(carry)
         while True:
             try:
-                pending.append(self._queue.get_nowait())
+                pending.append(self._dequeued(self._queue.get_nowait()))
             except queue.Empty:
                 break
+        answered = 0
         for job in pending:
-            if job.future.set_running_or_notify_cancel():
-                job.future.set_exception(NotReady("server shutting down"))
+            if not job.future.done():
+                settle(job.future, exc=NotReady(message))
+                answered += 1
+        self._report_depth()
+        return answered
 
     # --- worker thread ------------------------------------------------------------------------
 
@@ -244,23 +383,23 @@ class BatchWorker:
             except Exception:  # a bug outside an engine call: never let the thread die
                 log.exception("worker: unexpected error while processing a batch")
                 for job in batch:
-                    if not job.future.done():
-                        job.future.set_exception(InferenceFailed("internal error in the worker"))
+                    settle(job.future, exc=InferenceFailed("internal error in the worker"))
 
     def _next(self, timeout: float | None) -> Job:
         if self._carry is not None:
             job, self._carry = self._carry, None
             return job
         if timeout is None:
-            return self._queue.get(timeout=_POLL_S)
+            return self._dequeued(self._queue.get(timeout=_POLL_S))
         if timeout <= 0:
-            return self._queue.get_nowait()
-        return self._queue.get(timeout=timeout)
+            return self._dequeued(self._queue.get_nowait())
+        return self._dequeued(self._queue.get(timeout=timeout))
 
     def _gather(self) -> list[Job]:
         """First job (waiting up to the poll interval), then more until full or delay passed."""
         first = self._next(None)
         batch, size = [first], first.size
+        self._running = batch  # visible to abandon() while the batch waits to fill
         until = first.enqueued + self.max_queue_delay_s
         while size < self.max_batch_size:
             try:
@@ -280,18 +419,19 @@ class BatchWorker:
         now = time.monotonic()
         live: list[Job] = []
         for job in batch:
-            if not job.future.set_running_or_notify_cancel() or now > job.deadline:
-                # cancelled by the waiting request (it timed out), or past its deadline
-                self.stats.record(requests_expired=1)
-                if metrics is not None:
-                    metrics.count_requests("expired")
+            if job.future.done() and not job.future.cancelled():
+                continue  # answered by abandon() while the batch was gathered
+            if not _claim(job) or now > job.deadline:
+                # cancelled by the waiting request (client gone or timed out), or past its deadline
+                self.drop(job.dropped or "deadline")
                 if job.future.running():
-                    job.future.set_exception(DeadlineExceeded("the request expired in the queue"))
+                    settle(job.future, exc=DeadlineExceeded("the request expired in the queue"))
                 continue
             self.stats.record(queue_seconds=now - job.enqueued)
             if metrics is not None:
                 metrics.queue_seconds.observe(now - job.enqueued)
             live.append(job)
+        self._running = live
         groups: dict[int, list[Job]] = {}
         for job in live:
             if job.seed is None:
@@ -300,6 +440,7 @@ class BatchWorker:
                 self._run_group([job])
         for jobs in groups.values():
             self._run_group(jobs)
+        self._running = []
 
     def _engine_call(
         self, model: ServedModel, x: torch.Tensor, k: int, generator: torch.Generator | None
@@ -334,7 +475,7 @@ class BatchWorker:
             log.exception("worker: engine call failed for %d request(s)", len(jobs))
             message = f"inference failed: {type(exc).__name__}: {exc}"
             for job in jobs:
-                job.future.set_exception(InferenceFailed(message))
+                settle(job.future, exc=InferenceFailed(message))
             return
         seconds = time.perf_counter() - start
         self.stats.record_call(size, len(jobs), seconds, ok=True)
@@ -349,4 +490,4 @@ class BatchWorker:
                 samples = probs[offset : offset + job.size].float().cpu().tolist()
                 rows = [replace(p, samples=s) for p, s in zip(rows, samples, strict=True)]
             offset += job.size
-            job.future.set_result(rows)
+            settle(job.future, rows)

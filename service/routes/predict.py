@@ -2,21 +2,28 @@
 
 The bodies are typed (:func:`bayesgate.service.schemas.predict_request_model`,
 :func:`~bayesgate.service.schemas.file_form_model`): FastAPI validates them strictly and documents
-them. The routes decode the images (:mod:`bayesgate.service.inputs`), hand one job to the worker
-and await its answer; nothing here touches the model.
+them. The routes decode the images (:mod:`bayesgate.service.inputs`) in a thread, only when the
+queue has room and within the request's deadline, hand one job to the worker and await its
+answer; nothing here touches the model. The deadline counts from the request's arrival, and a
+client that hangs up while waiting has its job dropped (499).
 """
 
 # No `from __future__ import annotations`: the body types are built per app, inside
 # build_router, and FastAPI reads the endpoints' annotations as objects.
 
-from typing import Annotated, Any
+import asyncio
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Annotated, Any, TypeVar
 
 import torch
-from fastapi import APIRouter, Depends, Form
+from fastapi import APIRouter, Depends, Form, Request
 
 from bayesgate.service.deps import ServedDep, SettingsDep, WorkerDep, default_mc_samples
-from bayesgate.service.errors import InvalidInput
+from bayesgate.service.errors import DeadlineExceeded, InvalidInput
 from bayesgate.service.inputs import decode_images, decode_instances, decode_png
+from bayesgate.service.middleware import arrived_at
 from bayesgate.service.request_body import ReadBodyFirst, require_media_type
 from bayesgate.service.schemas import (
     PredictResponse,
@@ -28,6 +35,7 @@ from bayesgate.service.schemas import (
 from bayesgate.service.settings import Settings
 from bayesgate.service.worker import BatchWorker
 
+T = TypeVar("T")
 _ERRORS = error_responses(413, 415, 422, 500, 503, 504)
 JSON_ONLY = Depends(
     require_media_type("application/json", hint=" (use /v1/predict/file for uploads)")
@@ -35,7 +43,32 @@ JSON_ONLY = Depends(
 FORM_ONLY = Depends(require_media_type("multipart/form-data"))
 
 
+async def client_gone(request: Request) -> None:
+    """Returns when the client hangs up (call once the body has been read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def decode_off_loop(
+    request: Request, settings: Settings, worker: BatchWorker, decode: Callable[..., T], *args: Any
+) -> T:
+    """``decode(*args)`` in a thread (asyncio's default executor: a few threads, so decoding
+    work is bounded too), refused at once when the queue is full, 504 at the request's deadline
+    (a decode that has not started by then never runs)."""
+    worker.check_room()
+    remaining = arrived_at(request.scope) + settings.request_timeout_s - time.monotonic()
+    try:
+        return await asyncio.wait_for(asyncio.to_thread(decode, *args), max(remaining, 0.0))
+    except asyncio.TimeoutError:
+        worker.drop("deadline")
+        raise DeadlineExceeded(
+            f"no answer within the request timeout of {settings.request_timeout_s:g} s "
+            "(server busy decoding)"
+        ) from None
+
+
 async def answer(
+    request: Request,
     x: torch.Tensor,
     k: int | None,
     seed: int | None,
@@ -46,7 +79,13 @@ async def answer(
     """Run the job; the response names the model that computed it (from the predictions)."""
     k = default_mc_samples(settings, worker.model) if k is None else k
     predictions = await worker.predict(
-        x, k, seed=seed, return_samples=return_samples, timeout_s=settings.request_timeout_s
+        x,
+        k,
+        seed=seed,
+        return_samples=return_samples,
+        timeout_s=settings.request_timeout_s,
+        arrived=arrived_at(request.scope),
+        client_gone=partial(client_gone, request),
     )
     return predict_response(predictions, k, seed)
 
@@ -61,6 +100,7 @@ def build_router(settings: Settings) -> APIRouter:
         "/predict", response_model=PredictResponse, responses=_ERRORS, dependencies=[JSON_ONLY]
     )
     async def predict(
+        request: Request,
         body: predict_request,  # type: ignore[valid-type]
         settings: SettingsDep,
         served: ServedDep,
@@ -68,12 +108,29 @@ def build_router(settings: Settings) -> APIRouter:
     ) -> dict[str, Any]:
         """Label, probabilities, uncertainty and adversarial flag for each image of the body."""
         if body.instances is not None:
-            x = decode_instances(
-                body.instances, served.input_shape, served.input_range, settings.max_instances
+            x = await decode_off_loop(
+                request,
+                settings,
+                worker,
+                decode_instances,
+                body.instances,
+                served.input_shape,
+                served.input_range,
+                settings.max_instances,
             )
         else:
-            x = decode_images(body.images, served.input_shape, settings.max_instances)
-        return await answer(x, body.mc_samples, body.seed, body.return_samples, worker, settings)
+            x = await decode_off_loop(
+                request,
+                settings,
+                worker,
+                decode_images,
+                body.images,
+                served.input_shape,
+                settings.max_instances,
+            )
+        return await answer(
+            request, x, body.mc_samples, body.seed, body.return_samples, worker, settings
+        )
 
     @router.post(
         "/predict/file",
@@ -82,6 +139,7 @@ def build_router(settings: Settings) -> APIRouter:
         dependencies=[FORM_ONLY],
     )
     async def predict_file(
+        request: Request,
         form: Annotated[file_form, Form(media_type="multipart/form-data")],  # type: ignore[valid-type]
         settings: SettingsDep,
         served: ServedDep,
@@ -91,7 +149,12 @@ def build_router(settings: Settings) -> APIRouter:
         data = await form.file.read()
         if not data:
             raise InvalidInput("file: the uploaded file is empty")
-        x = torch.from_numpy(decode_png(data, "file", served.input_shape)).unsqueeze(0)
-        return await answer(x, form.mc_samples, form.seed, form.return_samples, worker, settings)
+        pixels = await decode_off_loop(
+            request, settings, worker, decode_png, data, "file", served.input_shape
+        )
+        x = torch.from_numpy(pixels).unsqueeze(0)
+        return await answer(
+            request, x, form.mc_samples, form.seed, form.return_samples, worker, settings
+        )
 
     return router

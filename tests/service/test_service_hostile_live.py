@@ -1,12 +1,17 @@
 """A real ``bayesgate serve`` against hostile clients on raw sockets (127.0.0.1, bounded loops).
 
 - aborted uploads (headers and half a body, then a hang-up) are 499 in the log and metrics: no
-  500, no traceback, and the server stays responsive.
+  500, no traceback, and the server stays responsive;
+- request heads over BAYESGATE_MAX_HEADER_BYTES are refused by uvicorn/h11 (400, closed), more
+  than BAYESGATE_MAX_HEADER_COUNT headers are 431 JSON, and a body shorter than its
+  Content-Length is 408 JSON after BAYESGATE_BODY_READ_TIMEOUT_S.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 from PIL import Image
-from raw_http import aborted_upload, metric_value, multipart_body
+from raw_http import aborted_upload, json_body, metric_value, multipart_body, read_response
 from serve_process import Server, start_server
 
 ABORTED = 40
@@ -22,7 +27,9 @@ ABORTED = 40
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = start_server(tiny_model_dir, tmp_path_factory.mktemp("hostile"), drain_delay_s=0)
+    server = start_server(
+        tiny_model_dir, tmp_path_factory.mktemp("hostile"), drain_delay_s=0, body_read_timeout_s=1
+    )
     try:
         yield server
     finally:
@@ -58,3 +65,66 @@ def test_aborted_uploads_are_499_without_traceback(server: Server) -> None:
     records = [r for r in server.log_records() if r.get("route") == route]
     assert [r["status"] for r in records] == [499] * ABORTED
     assert httpx.get(f"{server.base}/healthz", timeout=10, trust_env=False).status_code == 200
+
+
+def exchange(port: int, request: bytes, timeout: float = 30) -> tuple[int, dict[str, str], bytes]:
+    """Send ``request`` on a fresh connection and read one response."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(request)
+        return read_response(sock)
+
+
+def test_oversized_request_head_is_refused_and_rss_bounded(server: Server) -> None:
+    """A 1 MiB header and 5,000 headers exceed BAYESGATE_MAX_HEADER_BYTES (32 KiB): h11 refuses a
+    head still incomplete beyond it (400, closed) and the app one that arrived at once (431)."""
+    rss_before = rss_kib(server.proc.pid)
+    huge = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (1 << 20) + b"\r\n\r\n"
+    many = (
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
+        + b"".join(b"X-H%d: v\r\n" % i for i in range(5000))
+        + b"\r\n"
+    )
+    for request in (huge, many):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+            status = 0  # the server may close (reset) before the client has sent it all
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                sock.sendall(request)
+                status, _, _ = read_response(sock)
+        assert status in (0, 400, 431), status  # h11 (head arriving in pieces) or the app
+    assert rss_kib(server.proc.pid) - rss_before < 64 * 1024  # nothing near 1 MiB per header kept
+    assert httpx.get(f"{server.base}/healthz", timeout=10, trust_env=False).status_code == 200
+
+
+def test_too_many_headers_within_the_size_limit_are_431_json(server: Server) -> None:
+    head = (
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
+        + b"".join(b"X-H%d: v\r\n" % i for i in range(150))
+        + b"\r\n"
+    )
+    status, headers, body = exchange(server.port, head)
+    assert status == 431, body
+    assert "at most 100" in json_body(body)["error"]
+    assert headers["connection"] == "close"
+
+
+def test_body_shorter_than_its_content_length_times_out_408(server: Server) -> None:
+    """Slowloris body: 10 of 1,000 announced bytes, then silence → 408 JSON after
+    BAYESGATE_BODY_READ_TIMEOUT_S (1 s here; allowed up to 20 s on a loaded machine)."""
+    head = (
+        b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 1000\r\n\r\n"
+    )
+    start = time.monotonic()
+    status, headers, body = exchange(server.port, head + b'{"instance')
+    took = time.monotonic() - start
+    assert status == 408, body
+    assert json_body(body)["code"] == "body_timeout"
+    assert headers["connection"] == "close"
+    assert 0.9 <= took < 20, took
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")

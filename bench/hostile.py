@@ -1,0 +1,355 @@
+"""Hostile-load figures of issue 18 against a real ``bayesgate serve`` on 127.0.0.1.
+
+Each scenario starts its own server (the bundled model unless ``--model-dir``), runs for a bounded
+time or count, and prints one JSON object per scenario; ``--json`` writes them all to a file.
+
+- ``overload``: ``--clients`` (96) clients each sending 256-image requests for ``--duration`` s:
+  statuses, how fast a 503 comes back, 504s past the deadline + 10 %, jobs computed whose client
+  was not answered 200 (``succeeded`` jobs minus 200s) and jobs dropped;
+- ``healthz``: ``/healthz`` latency (p50/p99/max) while 16 clients send 256-image requests;
+- ``aborted``: ``--aborted`` uploads (3,000 in the issue) sent half and closed at once, then the
+  500s in ``/metrics``, tracebacks in the log and ``/healthz`` latency;
+- ``bomb``: the 20000×20000 PNG bomb as base64 and as an upload;
+- ``sigterm``: steady load (8 clients, 1 image), SIGTERM, with 1 and 2 worker processes:
+  transport errors and 5xx among sent requests, time to exit vs the drain delay + timeout;
+- ``heads``: 1 MiB header, 5,000 headers, a slowloris body: statuses, time to answer, RSS.
+
+    python bench/hostile.py --duration 10 --aborted 3000 --json docs/bench/hostile.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import io
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "service"))
+from hostile_inputs import png_bomb  # noqa: E402
+from load import HOST, Server, free_port  # noqa: E402
+from raw_http import (  # noqa: E402
+    aborted_upload,
+    metric_value,
+    multipart_body,
+    read_response,
+)
+
+from bayesgate.service.settings import DEFAULT_MODEL_DIR  # noqa: E402
+
+HTTP_TOTAL = "bayesgate_http_requests_total"
+
+
+def png_b64(seed: int) -> str:
+    pixels = np.random.default_rng(seed).integers(0, 256, (28, 28), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels, mode="L").save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def start(args: argparse.Namespace, workers: int = 1, **settings: Any) -> Server:
+    env = {
+        "BAYESGATE_NUM_THREADS": str(args.threads),
+        "OMP_NUM_THREADS": str(args.threads),
+        "BAYESGATE_LOG_FORMAT": "json",
+        **{f"BAYESGATE_{k.upper()}": str(v) for k, v in settings.items()},
+    }
+    extra = ("--workers", str(workers)) if workers > 1 else ()
+    server = Server(args.model_dir, free_port(), env, extra, stop_timeout_s=60)
+    server.wait_ready(300)
+    return server
+
+
+def metrics(server: Server) -> str:
+    return httpx.get(server.base + "/metrics", timeout=30, trust_env=False).text
+
+
+async def heavy_clients(
+    base: str, clients: int, duration: float, images: int, k: int
+) -> list[tuple[int, float]]:
+    """``clients`` loops sending ``images``-image requests until ``duration`` has passed."""
+    body = json.dumps({"images": [png_b64(i) for i in range(images)], "mc_samples": k}).encode()
+    headers = {"content-type": "application/json"}  # encoded once: the client stays light
+    out: list[tuple[int, float]] = []
+    stop_at = time.monotonic() + duration
+    limits = httpx.Limits(max_connections=clients)
+    async with httpx.AsyncClient(base_url=base, timeout=120, limits=limits, trust_env=False) as c:
+
+        async def loop() -> None:
+            while time.monotonic() < stop_at:
+                t = time.monotonic()
+                try:
+                    r = await c.post("/v1/predict", content=body, headers=headers)
+                    status = r.status_code
+                except httpx.TransportError:
+                    status = 0
+                out.append((status, time.monotonic() - t))
+                if status == 503:
+                    await asyncio.sleep(1.0)  # honour Retry-After: 1
+
+        await asyncio.gather(*(loop() for _ in range(clients)))
+    return out
+
+
+def overload(args: argparse.Namespace) -> dict[str, Any]:
+    timeout = args.request_timeout
+    with start(args, request_timeout_s=timeout) as server:
+        results = asyncio.run(heavy_clients(server.base, args.clients, args.duration, 256, args.k))
+        text = metrics(server)
+    statuses = [s for s, _ in results]
+    answered_200 = statuses.count(200)
+    succeeded = metric_value(text, "bayesgate_inference_requests_total", outcome="succeeded")
+    return {
+        "scenario": f"overload: 256-image requests, {args.clients} clients, {args.duration:g} s",
+        "request_timeout_s": timeout,
+        "statuses": {str(s): statuses.count(s) for s in sorted(set(statuses))},
+        "503_latency_ms_p50_max": [
+            round(percentile([t * 1000 for s, t in results if s == 503], q), 1) for q in (50, 100)
+        ],
+        "504_beyond_deadline_plus_10pct": sum(
+            1 for s, t in results if s == 504 and t > 1.1 * timeout
+        ),
+        "any_answer_beyond_deadline_plus_10pct": sum(1 for _, t in results if t > 1.1 * timeout),
+        "jobs_computed_not_answered_200": succeeded - answered_200,
+        "jobs_dropped": {
+            r: metric_value(text, "bayesgate_jobs_dropped_total", reason=r)
+            for r in ("deadline", "client_gone")
+        },
+    }
+
+
+async def probe_healthz(base: str, until: float) -> list[float]:
+    out = []
+    async with httpx.AsyncClient(base_url=base, timeout=30, trust_env=False) as c:
+        while time.monotonic() < until:
+            t = time.monotonic()
+            await c.get("/healthz")
+            out.append((time.monotonic() - t) * 1000)
+            await asyncio.sleep(0.05)
+    return out
+
+
+def healthz(args: argparse.Namespace) -> dict[str, Any]:
+    async def both(base: str) -> tuple[list[tuple[int, float]], list[float]]:
+        until = time.monotonic() + args.duration
+        return await asyncio.gather(
+            heavy_clients(base, 16, args.duration, 256, args.k), probe_healthz(base, until)
+        )
+
+    with start(args, request_timeout_s=args.request_timeout) as server:
+        results, probes = asyncio.run(both(server.base))
+    statuses = [s for s, _ in results]
+    return {
+        "scenario": f"/healthz while 16 clients send 256-image requests, {args.duration:g} s",
+        "probes": len(probes),
+        "healthz_ms_p50_p99_max": [round(percentile(probes, q), 1) for q in (50, 99, 100)],
+        "load_statuses": {str(s): statuses.count(s) for s in sorted(set(statuses))},
+    }
+
+
+def aborted(args: argparse.Namespace) -> dict[str, Any]:
+    buffer = io.BytesIO()
+    Image.new("L", (28, 28)).save(buffer, format="PNG")
+    body = multipart_body(buffer.getvalue() + b"\0" * 4096)
+    with start(args) as server:
+        port = int(server.base.rsplit(":", 1)[1])
+        t = time.monotonic()
+        for _ in range(args.aborted):
+            aborted_upload(port, body, fraction=0.5)
+        send_s = time.monotonic() - t
+        time.sleep(2.0)
+        probes = []
+        for _ in range(20):
+            t = time.monotonic()
+            httpx.get(server.base + "/healthz", timeout=30, trust_env=False)
+            probes.append((time.monotonic() - t) * 1000)
+        text = metrics(server)
+        log = server.stderr_text()
+    route = "/v1/predict/file"
+    return {
+        "scenario": f"{args.aborted} aborted uploads (half the body, then close)",
+        "send_seconds": round(send_s, 2),
+        "counted_499": metric_value(text, HTTP_TOTAL, route=route, status="499"),
+        "counted_500": metric_value(text, HTTP_TOTAL, status="500"),
+        "tracebacks_in_log": log.count("Traceback"),
+        "healthz_after_ms_p50_max": [round(percentile(probes, q), 1) for q in (50, 100)],
+    }
+
+
+def bomb(args: argparse.Namespace) -> dict[str, Any]:
+    data = png_bomb()
+    with start(args) as server:
+        as_b64 = httpx.post(
+            server.base + "/v1/predict",
+            json={"images": [base64.b64encode(data).decode()]},
+            timeout=60,
+            trust_env=False,
+        )
+        upload = httpx.post(
+            server.base + "/v1/predict/file",
+            files={"file": ("bomb.png", data, "image/png")},
+            timeout=60,
+            trust_env=False,
+        )
+    return {
+        "scenario": f"PNG bomb 20000×20000 ({len(data)} bytes)",
+        "base64": [as_b64.status_code, as_b64.json().get("error")],
+        "upload": [upload.status_code, upload.json().get("error")],
+    }
+
+
+async def steady(base: str, clients: int, stop: asyncio.Event) -> list[str]:
+    body = {"images": [png_b64(0)], "mc_samples": 10}
+    outcomes: list[str] = []
+    async with httpx.AsyncClient(base_url=base, timeout=60, trust_env=False) as c:
+
+        async def loop() -> None:
+            while not stop.is_set():
+                try:
+                    r = await c.post("/v1/predict", json=body)
+                    outcomes.append(str(r.status_code))
+                except httpx.ConnectError:
+                    outcomes.append("refused")  # not accepted: the listener is closed
+                    await asyncio.sleep(0.1)
+                except httpx.TransportError as exc:
+                    outcomes.append(f"transport:{type(exc).__name__}")
+
+        await asyncio.gather(*(loop() for _ in range(clients)))
+    return outcomes
+
+
+def sigterm(args: argparse.Namespace, workers: int) -> dict[str, Any]:
+    delay, drain = 1.0, 10.0
+    server = start(args, workers=workers, drain_delay_s=delay, drain_timeout_s=drain)
+
+    async def run() -> tuple[list[str], float]:
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(steady(server.base, 8, stop))
+        await asyncio.sleep(3.0)
+        t = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        while server.proc.poll() is None and time.monotonic() - t < 120:
+            await asyncio.sleep(0.05)
+        exit_s = time.monotonic() - t
+        stop.set()
+        return await task, exit_s
+
+    try:
+        outcomes, exit_s = asyncio.run(run())
+        code = server.proc.wait(timeout=60)
+    finally:
+        server.__exit__()
+    counts = {o: outcomes.count(o) for o in sorted(set(outcomes))}
+    return {
+        "scenario": f"SIGTERM under steady load (8 clients), {workers} worker(s)",
+        "outcomes": counts,
+        "5xx": sum(v for k, v in counts.items() if k.isdigit() and int(k) >= 500),
+        "resets_or_transport_errors": sum(
+            v for k, v in counts.items() if k.startswith("transport")
+        ),
+        "exit_code": code,
+        "exit_seconds": round(exit_s, 2),
+        "drain_delay_plus_timeout_s": delay + drain,
+    }
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return -1
+
+
+def one_exchange(port: int, data: bytes, timeout: float = 60) -> tuple[int, float]:
+    t = time.monotonic()
+    status = 0
+    with (
+        socket.create_connection((HOST, port), timeout=timeout) as sock,
+        contextlib.suppress(OSError),
+    ):
+        sock.sendall(data)
+        status = read_response(sock)[0]
+    return status, round(time.monotonic() - t, 2)
+
+
+def heads(args: argparse.Namespace) -> dict[str, Any]:
+    huge = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (1 << 20) + b"\r\n\r\n"
+    many = b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
+    many += b"".join(b"X-H%d: v\r\n" % i for i in range(5000)) + b"\r\n"
+    slow = (
+        b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b'Content-Length: 1000\r\n\r\n{"instances'
+    )
+    eight = b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + b"".join(
+        b"X-Big%d: " % i + b"a" * (64 << 20) + b"\r\n" for i in range(1)
+    )
+    with start(args, body_read_timeout_s=5) as server:
+        port = int(server.base.rsplit(":", 1)[1])
+        rss0 = rss_kib(server.proc.pid)
+        out = {
+            "scenario": "request heads and slow bodies (BAYESGATE_BODY_READ_TIMEOUT_S=5)",
+            "1_MiB_header": one_exchange(port, huge),
+            "5000_headers": one_exchange(port, many),
+            "64_MiB_header": one_exchange(port, eight),
+            "slowloris_body_10_of_1000_bytes": one_exchange(port, slow),
+        }
+        out["rss_growth_kib"] = rss_kib(server.proc.pid) - rss0
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
+    p.add_argument("--duration", type=float, default=10.0, help="seconds per load scenario")
+    p.add_argument("--clients", type=int, default=96)
+    p.add_argument("--k", type=int, default=10)
+    p.add_argument("--request-timeout", type=float, default=5.0)
+    p.add_argument("--aborted", type=int, default=3000)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument(
+        "--only",
+        nargs="*",
+        default=["bomb", "heads", "aborted", "healthz", "overload", "sigterm1", "sigterm2"],
+    )
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+    scenarios = {
+        "bomb": bomb,
+        "heads": heads,
+        "aborted": aborted,
+        "healthz": healthz,
+        "overload": overload,
+        "sigterm1": lambda a: sigterm(a, 1),
+        "sigterm2": lambda a: sigterm(a, 2),
+    }
+    results = {"load_average": os.getloadavg(), "cpus": os.cpu_count(), "scenarios": []}
+    for name in args.only:
+        result = scenarios[name](args)
+        result["load_average_after"] = [round(x, 1) for x in os.getloadavg()]
+        print(json.dumps(result), flush=True)
+        results["scenarios"].append(result)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,180 @@
+"""Admission by work and dropped jobs, deterministic: the worker is held inside an engine call (an
+``Event``) while jobs queue behind it, so what is queued, refused, dropped or computed is known.
+
+- the queue holds at most ``max_queued_work`` image-passes (B × K): a request that does not fit is
+  503 + ``Retry-After`` at once;
+- the deadline counts from the request's arrival (the middleware's stamp), not from enqueueing;
+- jobs whose client hung up or whose deadline passed before their batch ran are never computed
+  and are counted in ``bayesgate_jobs_dropped_total{reason}``;
+- ``abandon()`` (the drain deadline) answers queued and running jobs with 503 and the worker keeps
+  serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from raw_http import metric_value
+from torch import nn
+
+from bayesgate.service.errors import ClientGone, DeadlineExceeded, NotReady, QueueFull
+from bayesgate.service.settings import Settings
+
+pytestmark = pytest.mark.anyio
+
+GOOD = [0.5] * 784
+WAIT_S = 20.0  # generous: the machine running the tests may be heavily loaded
+
+
+class HeldEngine:
+    """Records the batch size of each call; the first call blocks until ``release()``."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+        self.entered = threading.Event()
+        self._gate = threading.Event()
+
+    def __call__(self, _: nn.Module, x: torch.Tensor, k: int, __: Any = None) -> torch.Tensor:
+        self.calls.append(int(x.shape[0]))
+        self.entered.set()
+        assert self._gate.wait(WAIT_S), "engine never released"
+        return torch.full((x.shape[0], k, 10), 0.1)
+
+    def release(self) -> None:
+        self._gate.set()
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+async def held_worker(app: Any) -> tuple[Any, HeldEngine, asyncio.Task]:
+    """The app's worker with a held engine, busy with one 1-image job (K = 1)."""
+    worker = app.state.worker
+    engine = HeldEngine()
+    worker.engine = engine
+    first = asyncio.create_task(worker.predict(torch.zeros(1, 1, 28, 28), 1, timeout_s=WAIT_S))
+    await until(engine.entered.is_set)
+    return worker, engine, first
+
+
+def dropped(app: Any, reason: str) -> float:
+    text = app.state.metrics.exposition()[0].decode()
+    return metric_value(text, "bayesgate_jobs_dropped_total", reason=reason)
+
+
+async def test_queue_is_bounded_in_images_times_k(
+    serving: Callable[[Settings], Any], make_settings: Callable[..., Settings]
+) -> None:
+    settings = make_settings(max_queued_work=100, max_instances=8, max_batch_size=64)
+    async with serving(settings) as (app, client):
+        worker, engine, first = await held_worker(app)
+        body = {"instances": [GOOD] * 4, "mc_samples": 10}  # 40 image-passes each
+        queued = [asyncio.create_task(client.post("/v1/predict", json=body)) for _ in range(2)]
+        await until(lambda: worker.queued_work() == 80)
+        start = time.monotonic()
+        refused = await client.post("/v1/predict", json=body)  # 80 + 40 > 100
+        refused_after = time.monotonic() - start
+        small = asyncio.create_task(
+            client.post("/v1/predict", json={"instances": [GOOD] * 2, "mc_samples": 10})
+        )  # 80 + 20 ≤ 100: fits
+        await until(lambda: worker.queued_work() == 100)
+        engine.release()
+        answers = await asyncio.gather(*queued, small)
+        await first
+    assert refused.status_code == 503, refused.text
+    assert refused.headers["retry-after"] == "1"
+    assert refused.json()["code"] == "queue_full"
+    assert "holds 80 image-passes" in refused.json()["error"]
+    assert "needs 40" in refused.json()["error"] and "limit is 100" in refused.json()["error"]
+    assert refused_after < 5.0  # answered at once, not after waiting (generous on a loaded host)
+    assert [a.status_code for a in answers] == [200, 200, 200]
+    assert sorted(engine.calls) == [1, 10]  # the first job, then 4 + 4 + 2 images in one call
+
+
+async def test_deadline_counts_from_arrival_not_enqueue(
+    serving: Callable[[Settings], Any],
+    make_settings: Callable[..., Settings],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Decoding takes longer than the whole request timeout: 504 without computing anything (on
+    a deadline counted from enqueueing the request would be answered 200)."""
+    from bayesgate.service.routes import predict as predict_route
+
+    real = predict_route.decode_instances
+
+    def slow_decode(*args: Any, **kwargs: Any) -> torch.Tensor:
+        time.sleep(1.0)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(predict_route, "decode_instances", slow_decode)
+    async with serving(make_settings(request_timeout_s=0.5)) as (app, client):
+        calls_before = app.state.worker.stats.snapshot()["engine_calls"]
+        r = await client.post("/v1/predict", json={"instances": [GOOD]})
+        assert r.status_code == 504, r.text
+        assert r.json()["code"] == "deadline_exceeded"
+        assert app.state.worker.stats.snapshot()["engine_calls"] == calls_before
+        assert dropped(app, "deadline") == 1
+
+
+async def test_jobs_of_gone_or_late_clients_are_dropped_never_computed(
+    serving: Callable[[Settings], Any], make_settings: Callable[..., Settings]
+) -> None:
+    async with serving(make_settings(max_batch_size=64)) as (app, _):
+        worker, engine, first = await held_worker(app)
+        hang_up = asyncio.Event()
+        gone = asyncio.create_task(
+            worker.predict(torch.zeros(3, 1, 28, 28), 1, timeout_s=WAIT_S, client_gone=hang_up.wait)
+        )
+        late = asyncio.create_task(worker.predict(torch.zeros(5, 1, 28, 28), 1, timeout_s=0.2))
+        kept = asyncio.create_task(worker.predict(torch.zeros(7, 1, 28, 28), 1, timeout_s=WAIT_S))
+        await until(lambda: worker.queue_depth() == 3)
+        hang_up.set()
+        with pytest.raises(ClientGone):
+            await gone
+        with pytest.raises(DeadlineExceeded):
+            await late
+        engine.release()
+        assert len(await kept) == 7
+        await first
+        assert engine.calls == [1, 7]  # the 3- and 5-image jobs never reached the engine
+        assert dropped(app, "client_gone") == 1 and dropped(app, "deadline") == 1
+
+
+async def test_abandon_answers_queued_and_running_jobs_503_and_the_worker_goes_on(
+    serving: Callable[[Settings], Any], make_settings: Callable[..., Settings]
+) -> None:
+    async with serving(make_settings(max_batch_size=64)) as (app, _):
+        worker, engine, first = await held_worker(app)
+        queued = asyncio.create_task(worker.predict(torch.zeros(2, 1, 28, 28), 1, timeout_s=WAIT_S))
+        await until(lambda: worker.queue_depth() == 1)
+        assert worker.abandon("drain timeout expired") == 2
+        for task in (first, queued):
+            with pytest.raises(NotReady, match="drain timeout expired"):
+                await task
+        assert worker.queued_work() == 0
+        engine.release()  # the running call finishes; its answer is discarded without error
+        assert len(await worker.predict(torch.zeros(1, 1, 28, 28), 1, timeout_s=WAIT_S)) == 1
+
+
+async def test_refused_submit_raises_queue_full_with_the_work(
+    serving: Callable[[Settings], Any], make_settings: Callable[..., Settings]
+) -> None:
+    async with serving(make_settings(max_queued_work=10, max_batch_size=64)) as (app, _):
+        worker, engine, first = await held_worker(app)
+        ok = asyncio.create_task(worker.predict(torch.zeros(2, 1, 28, 28), 4, timeout_s=WAIT_S))
+        await until(lambda: worker.queued_work() == 8)
+        with pytest.raises(QueueFull, match="needs 4"):
+            await worker.predict(torch.zeros(1, 1, 28, 28), 4, timeout_s=WAIT_S)
+        engine.release()
+        assert len(await ok) == 2
+        await first
