@@ -105,7 +105,8 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     BAYESGATE_HOST=0.0.0.0 \
     BAYESGATE_PORT=8000 \
-    BAYESGATE_MODEL_DIR=/opt/bayesgate/default-model
+    BAYESGATE_MODEL_DIR=/opt/bayesgate/default-model \
+    BAYESGATE_DEMO=false
 WORKDIR /home/bayesgate
 USER 10001:10001
 EXPOSE 8000

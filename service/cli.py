@@ -62,6 +62,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help=f"model directory (default {ENV_PREFIX}MODEL_DIR or the bundled default model)",
     )
     p.add_argument("--device", default=None, help="auto, cpu or cuda (default auto)")
+    p.add_argument(
+        "--demo",
+        action="store_true",
+        default=None,
+        help="turn on the demo page's attack panel and POST /v1/attack (default "
+        f"{ENV_PREFIX}DEMO or off; needs the attacks extra)",
+    )
     ray = p.add_argument_group(
         "Ray Serve",
         f"replicas, GPUs and autoscaling come from {ENV_PREFIX}RAY_* variables (docs/ray.md); "
@@ -101,6 +108,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "workers": args.workers,
         "model_dir": args.model_dir,
         "device": args.device,
+        "demo": args.demo,
     }
     try:
         settings = settings_from_env(**overrides)
@@ -118,6 +126,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         load_served_model(settings.model_dir, "cpu")  # fail fast, before uvicorn starts
     except (StartupError, RuntimeError) as exc:
         raise InvalidArgument(str(exc)) from None
+    if settings.demo:
+        from bayesgate.service.demo_attack import attacks_available
+
+        if (problem := attacks_available()) is not None:
+            raise InvalidArgument(f"--demo: {problem}")
     # Worker processes (and the app factory) read the settings from the environment.
     for name, value in overrides.items():
         if value is not None:
@@ -128,6 +141,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # uvicorn re-raises the SIGTERM it handled once it has shut down gracefully: exit 0 then
     # (the default action would kill the process with status -15).
     signal.signal(signal.SIGTERM, _exit_cleanly)
+    print(page_message(settings), flush=True)
     try:
         uvicorn.run(
             "bayesgate.service.app:create_app",
@@ -168,6 +182,19 @@ def _serve_on_ray(settings: Settings, address: str | None, detach: bool) -> int:
     except DeployFailed as exc:
         print(f"bayesgate: error: {exc}", file=sys.stderr)
         return 3
+
+
+def page_message(settings: Settings) -> str:
+    """The line ``bayesgate serve`` prints on start: where to open the page and the API docs."""
+    host = settings.host
+    if host in ("0.0.0.0", "::", ""):  # every interface: this machine reaches it as localhost
+        host = "localhost"
+    if ":" in host:
+        host = f"[{host}]"
+    base = f"http://{host}:{settings.port}"
+    docs = f", API docs at {base}/docs" if settings.docs else ""
+    demo = " (attack panel on: --demo)" if settings.demo else ""
+    return f"bayesgate: page at {base}/{demo}{docs}"
 
 
 def setting_error(exc: ValidationError, prefix: str) -> ValueError:

@@ -120,6 +120,18 @@ class ReloadFailed(ServiceError):
     code = "reload_failed"
 
 
+class DemoDisabled(ServiceError):
+    """A demo-only route (``POST /v1/attack``) on a server started without ``--demo``."""
+
+    code = "demo_disabled"
+
+
+class AttackBusy(QueueFull):
+    """Every attack slot (``demo_attack_concurrency``) is taken: back off and retry."""
+
+    code = "attack_busy"
+
+
 class ClientGone(ClientDisconnect):
     """The client closed the connection before its answer: nobody to answer (499 in the log)."""
 
@@ -128,7 +140,8 @@ class StartupError(Exception):
     """The model or its calibration cannot be served; the message names the file and problem."""
 
 
-# The single exception → status table. Subclasses come first: lookup walks the MRO.
+# The single exception → status table. Lookup walks the MRO, so a subclass not listed (AttackBusy)
+# gets its base's status (QueueFull: 503).
 HTTP_STATUS: dict[type[ServiceError], int] = {
     TooManyInstances: 413,
     InvalidInput: 422,
@@ -137,6 +150,7 @@ HTTP_STATUS: dict[type[ServiceError], int] = {
     BodyTimeout: 408,
     UnsupportedMediaType: 415,
     ModelNotFound: 404,
+    DemoDisabled: 404,
     NotReady: 503,
     QueueFull: 503,
     DeadlineExceeded: 504,

@@ -214,7 +214,7 @@ _DESCRIPTIONS = {
     400: "bad request (the message names the field)",
     401: "missing or invalid API key",
     403: "admin routes disabled (no API key configured)",
-    404: "unknown model",
+    404: "unknown model, or a demo route on a server started without --demo",
     409: "the store's model cannot replace the served one",
     413: "body or instance count too large",
     415: "wrong Content-Type",

@@ -102,6 +102,18 @@ class Settings(BaseSettings):
     host: str = Field("127.0.0.1", description="`bayesgate serve` bind address")
     port: int = Field(8000, ge=0, le=65535, description="`bayesgate serve` port")
     workers: int = Field(1, ge=1, description="`bayesgate serve` worker processes")
+    demo: bool = Field(
+        False,
+        description="turn on POST /v1/attack and the page's attack panel (`bayesgate serve "
+        "--demo`); keep it off in production: attacks cost far more than predictions",
+    )
+    demo_attack_concurrency: int = Field(
+        1, ge=1, le=8, description="attacks running at once; one more gets 503 Retry-After"
+    )
+    demo_max_attack_steps: int = Field(100, ge=1, le=1000, description="most PGD steps per attack")
+    demo_max_attack_mc_samples: int = Field(
+        20, ge=1, le=100, description="most MC passes K in an attack's gradient"
+    )
 
     @field_validator("api_key")
     @classmethod

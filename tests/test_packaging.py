@@ -51,7 +51,7 @@ def test_wheel_has_one_top_level_package(wheel: Path) -> None:
     assert roots == {"bayesgate"}
 
 
-def test_wheel_holds_every_source_file_and_the_bundled_model(wheel: Path) -> None:
+def test_wheel_holds_every_source_file_the_bundled_model_and_the_page(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
     expected = {
@@ -63,6 +63,10 @@ def test_wheel_holds_every_source_file_and_the_bundled_model(wheel: Path) -> Non
     bundled = REPO_ROOT / "models" / "pretrained" / "bayesgate-default"
     for path in bundled.iterdir():
         assert f"bayesgate/models/pretrained/bayesgate-default/{path.name}" in names
+    static = sorted(p.name for p in (REPO_ROOT / "service" / "static").iterdir())
+    assert {"index.html", "app.js", "style.css", "digits.png", "digits.json"} <= set(static)
+    for name in static:  # the demo page and its test digits (package data)
+        assert f"bayesgate/service/static/{name}" in names
 
 
 def test_installed_wheel_imports_as_bayesgate_only(wheel: Path, tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
 """HTTP routes: ``/v1`` predictions and models, the Open Inference Protocol under ``/v2``, health,
-readiness and metrics, and the key-protected ``/admin`` routes.
+readiness and metrics, the key-protected ``/admin`` routes, and the demo page at ``/`` (with the
+demo-only ``/v1/attack``).
 
 The routers are built per app (:func:`api_routers`): the request body types carry that app's
 limits (``mc_samples`` ≤ ``BAYESGATE_MAX_MC_SAMPLES``, …) and ``/metrics`` its placement.
@@ -7,7 +8,7 @@ limits (``mc_samples`` ≤ ``BAYESGATE_MAX_MC_SAMPLES``, …) and ``/metrics`` i
 
 from fastapi import APIRouter
 
-from bayesgate.service.routes import admin, health, models, predict, v2
+from bayesgate.service.routes import admin, demo, health, models, predict, v2
 from bayesgate.service.settings import Settings
 
 
@@ -20,6 +21,8 @@ def api_routers(settings: Settings) -> list[tuple[str, APIRouter]]:
         ("/v1", models.router),
         ("/v2", v2.build_router(settings)),
         ("", admin.router),
+        ("", demo.page_router),
+        ("/v1", demo.router),
     ]
 
 

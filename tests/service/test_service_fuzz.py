@@ -66,6 +66,9 @@ def test_no_server_error_and_responses_match_the_schema(tiny_model_dir: Path) ->
             max_queue_delay_ms=1.0,
             api_key="fuzzing-key-not-given-to-schemathesis",
             access_log=False,
+            demo=True,  # fuzz the attack route too, with small limits
+            demo_max_attack_steps=3,
+            demo_max_attack_mc_samples=2,
         )
     )
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)

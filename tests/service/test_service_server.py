@@ -89,10 +89,11 @@ def test_serve_subprocess_predicts_a_real_mnist_digit(
     finally:
         proc.send_signal(signal.SIGINT)
         try:
-            _, err = proc.communicate(timeout=15)
+            out, err = proc.communicate(timeout=15)
         except subprocess.TimeoutExpired:
             proc.kill()
-            _, err = proc.communicate()
+            out, err = proc.communicate()
+    assert out.splitlines()[0].startswith(f"bayesgate: page at {base}/")  # printed on start
     assert r.status_code == 200, r.text
     [pred] = r.json()["predictions"]
     assert pred["label"] == int(y[index])
