@@ -31,7 +31,7 @@ from bayesgate.service.demo_attack import (
     make_attack,
     run_attacks,
 )
-from bayesgate.service.deps import ServedDep, SettingsDep, WorkerDep, mc_samples_for
+from bayesgate.service.deps import ServedDep, SettingsDep, WorkerDep, default_mc_samples
 from bayesgate.service.errors import (
     AttackBusy,
     DemoDisabled,
@@ -40,8 +40,9 @@ from bayesgate.service.errors import (
     UnsupportedMediaType,
     describe_validation_errors,
 )
-from bayesgate.service.inputs import decode_images, decode_instances, parse_json
+from bayesgate.service.inputs import decode_images, decode_instances
 from bayesgate.service.prediction import Prediction
+from bayesgate.service.request_body import parse_json
 from bayesgate.service.schemas import MAX_SEED, InstancePrediction, ModelRef, error_responses
 from bayesgate.service.served_model import ServedModel
 from bayesgate.service.settings import Settings
@@ -239,7 +240,11 @@ async def attack(
     """Attack one image (demo only): FGS at each η of ``etas``, or PGD; both answers."""
     attacks = requested_attacks(req, settings)
     x = decode_one(req, served, settings)
-    k = mc_samples_for(req.mc_samples, settings, served)
+    k = default_mc_samples(settings, served) if req.mc_samples is None else req.mc_samples
+    if not 1 <= k <= settings.max_mc_samples:
+        raise InvalidInput(
+            f"mc_samples: expected an integer in 1 … {settings.max_mc_samples}, got {k}"
+        )
     if (problem := attacks_available()) is not None:
         raise ServiceError(problem)
     if slots.semaphore.locked():

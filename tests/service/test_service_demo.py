@@ -117,7 +117,7 @@ async def test_demo_config_and_attack_route_when_off(
         ({"attack_mc_samples": 21}, "attack_mc_samples", "at most 20"),
         ({"mc_samples": 0}, "mc_samples", "1 …"),
         ({"seed": -1}, "seed", "greater than or equal to 0"),
-        ({"target": 3}, "target", "Extra inputs"),
+        ({"target": 3}, "body", "unknown field 'target'"),
         ({"image": "aGVsbG8="}, "body", "exactly one of 'image'"),
     ],
 )
