@@ -21,7 +21,9 @@ instance ``b`` with MC samples ``p_k``, the fields of
   fused detector ``mahalanobis_<layer>``, ``mahalanobis_<layer>_predicted``, ``neg_log_kde`` and
   ``fused`` (the model metadata lists them).
 
-Request (JSON only; the binary tensor extension is not supported)::
+Request (JSON; or with the binary tensor data extension, :mod:`bayesgate.service.oip_binary`,
+the input's ``data`` replaced by ``"parameters": {"binary_data_size": B·784·4}`` and raw
+little-endian float32 after the JSON header)::
 
     {"id": "optional, echoed", "parameters": {"mc_samples": 10, "seed": 7},
      "inputs": [{"name": "input", "datatype": "FP32", "shape": [B, 1, 28, 28],
@@ -29,8 +31,9 @@ Request (JSON only; the binary tensor extension is not supported)::
      "outputs": [{"name": "probabilities"}, {"name": "adversarial"}]}   # optional selection
 
 Request ``parameters``: ``mc_samples`` (K, 1 … max), ``seed`` (0 … 2⁶³−1; same input, seed and
-K → same numbers, as in ``/v1/predict``), ``binary_data_output`` (accepted; the answer is JSON
-anyway). Response ``parameters``: ``mc_samples``, ``calibration_mc_samples``, ``score_name``,
+K → same numbers, as in ``/v1/predict``), ``binary_data_output`` (every output without its own
+``binary_data`` parameter is sent as raw bytes after the JSON header). Response ``parameters``:
+``mc_samples``, ``calibration_mc_samples``, ``score_name``,
 ``threshold``, ``weights_sha256`` and ``seed`` when given. Unknown fields and parameters are
 rejected (400) so that a misspelt ``mc_samples`` never silently falls back to the default.
 
@@ -48,11 +51,12 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from bayesgate.service.errors import InvalidInput
 from bayesgate.service.inputs import check_values, kind_text
+from bayesgate.service.oip_binary import check_consumed, tensor_from_bytes
 from bayesgate.service.prediction import Prediction
 from bayesgate.service.schemas import MAX_SEED
 from bayesgate.service.served_model import ServedModel
@@ -114,13 +118,19 @@ class InferParameters(BaseModel):
 
     mc_samples: int | None = Field(None, ge=1, description="MC dropout passes K")
     seed: int | None = Field(None, ge=0, le=MAX_SEED, description="seed of the dropout masks")
-    binary_data_output: bool | None = Field(None, description="accepted; answers are JSON")
+    binary_data_output: bool | None = Field(
+        None, description="outputs as raw bytes after the JSON header (binary tensor extension)"
+    )
 
 
 class InputParameters(BaseModel):
-    """No input parameter is supported (binary tensor data is not: send JSON ``data``)."""
+    """``binary_data_size``: the tensor's bytes follow the JSON header (binary extension)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    binary_data_size: int | None = Field(
+        None, ge=0, description="bytes of this tensor after the JSON header (B·784·4 for FP32)"
+    )
 
 
 class InferInputTensor(BaseModel):
@@ -129,14 +139,37 @@ class InferInputTensor(BaseModel):
     name: Literal["input"] = Field(description="the model's one input")
     datatype: Literal["FP32"]
     shape: list[int] = Field(description="[B, 1, 28, 28] (the card's input shape after B)")
-    data: list[Any] = Field(description="B·784 numbers in [0, 1], flat or nested as the shape")
+    data: list[Any] | None = Field(
+        None,
+        description="B·784 numbers in [0, 1], flat or nested as the shape "
+        "(absent when parameters.binary_data_size is given)",
+    )
     parameters: InputParameters | None = None
+
+    @property
+    def binary_data_size(self) -> int | None:
+        return None if self.parameters is None else self.parameters.binary_data_size
+
+    @model_validator(mode="after")
+    def _data_or_binary(self) -> InferInputTensor:
+        if self.data is None and self.binary_data_size is None:
+            raise PydanticCustomError(
+                "missing_data",
+                "missing field 'data' (or parameters.binary_data_size with binary data)",
+            )
+        if self.data is not None and self.binary_data_size is not None:
+            raise PydanticCustomError(
+                "data_and_binary", "give either 'data' or parameters.binary_data_size, not both"
+            )
+        return self
 
 
 class OutputParameters(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    binary_data: bool | None = Field(None, description="accepted; answers are JSON")
+    binary_data: bool | None = Field(
+        None, description="this output as raw bytes after the JSON header (binary extension)"
+    )
 
 
 class RequestedOutput(BaseModel):
@@ -248,6 +281,27 @@ def model_metadata(serving: ServedModel) -> dict[str, Any]:
     }
 
 
+def model_config(serving: ServedModel, max_batch_size: int) -> dict[str, Any]:
+    """Triton's model configuration (``GET /v2/models/{name}/config``): ``max_batch_size`` is the
+    most instances one request may hold; ``dims`` exclude the batch axis, as in Triton."""
+    meta = model_metadata(serving)
+
+    def tensors(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [
+            {"name": t["name"], "data_type": f"TYPE_{t['datatype']}", "dims": t["shape"][1:]}
+            for t in items
+        ]
+
+    return {
+        "name": serving.name,
+        "platform": meta["platform"],
+        "backend": "bayesgate",
+        "max_batch_size": max_batch_size,
+        "input": tensors(meta["inputs"]),
+        "output": tensors(meta["outputs"]),
+    }
+
+
 # --- request ----------------------------------------------------------------------------------
 
 
@@ -260,15 +314,11 @@ class ParsedInfer:
     mc_samples: int | None
     seed: int | None
     outputs: list[str]
+    binary_outputs: frozenset[str] = frozenset()  # sent as raw bytes after the JSON header
 
 
-def _input_tensor(
-    tensor: InferInputTensor,
-    shape: tuple[int, ...],
-    value_range: tuple[float, float],
-    max_instances: int,
-) -> torch.Tensor:
-    """The tensor's data checked against the card's shape and range (one array operation)."""
+def _input_dims(tensor: InferInputTensor, shape: tuple[int, ...], max_instances: int) -> list[int]:
+    """The tensor's shape, checked to be ``[B, *shape]`` with ``1 ≤ B ≤ max_instances``."""
     where = "inputs[0]"
     expected = "[B, " + ", ".join(map(str, shape)) + "]"
     dims = tensor.shape
@@ -281,39 +331,90 @@ def _input_tensor(
         raise InvalidInput(
             f"{where}.shape: {batch} instances in one request, at most {max_instances} allowed"
         )
-    data = tensor.data
-    size = batch * math.prod(shape)
+    return dims
+
+
+def _input_tensor(
+    tensor: InferInputTensor,
+    shape: tuple[int, ...],
+    value_range: tuple[float, float],
+    max_instances: int,
+    blob: memoryview,
+) -> torch.Tensor:
+    """The tensor's data (JSON ``data`` or the binary part ``blob``) checked against the card's
+    shape and range (one array operation)."""
+    where = "inputs[0]"
+    dims = _input_dims(tensor, shape, max_instances)
+    size = tensor.binary_data_size
+    if size is None:
+        values = _json_data(tensor.data or [], dims, f"{where}.data")
+    else:
+        values = tensor_from_bytes(blob, 0, size, INPUT_DATATYPE, dims, where)
+    check_consumed(blob, 0 if size is None else size)
+    check_values(f"{where}.data", values, value_range)  # on the values as sent (JSON: float64)
+    return torch.from_numpy(np.array(values, dtype=np.float32))  # a copy: binary is read-only
+
+
+def _json_data(data: list[Any], dims: list[int], where: str) -> np.ndarray:
+    """The JSON ``data`` list (flat, or nested as ``dims``) as one array of ``dims``."""
+    batch = dims[0]
+    size = math.prod(dims)
     if len(data) not in (size, batch):
         raise InvalidInput(
-            f"{where}.data: expected {size} numbers (flat) or nested as {dims}, "
+            f"{where}: expected {size} numbers (flat) or nested as {dims}, "
             f"got a list of {len(data)}"
         )
     try:
         arr = np.asarray(data)
     except (ValueError, TypeError, RecursionError):
         raise InvalidInput(
-            f"{where}.data: ragged or too deeply nested lists; expected the shape {dims}"
+            f"{where}: ragged or too deeply nested lists; expected the shape {dims}"
         ) from None
     if arr.dtype.kind not in "iuf":
-        raise InvalidInput(f"{where}.data: expected numbers, got {kind_text(arr)}")
+        raise InvalidInput(f"{where}: expected numbers, got {kind_text(arr)}")
     if arr.shape not in ((size,), tuple(dims)):
         got = "×".join(map(str, arr.shape))
-        raise InvalidInput(f"{where}.data: expected {size} numbers or the shape {dims}, got {got}")
-    values = arr.reshape(batch, *shape).astype(np.float64, copy=False)
-    check_values(f"{where}.data", values, value_range)
-    return torch.from_numpy(values.astype(np.float32))
+        raise InvalidInput(f"{where}: expected {size} numbers or the shape {dims}, got {got}")
+    return arr.reshape(dims).astype(np.float64, copy=False)
 
 
 def parse_infer_request(
-    request: InferRequest, served: ServedModel, max_instances: int
+    request: InferRequest,
+    served: ServedModel,
+    max_instances: int,
+    blob: memoryview | None = None,
 ) -> ParsedInfer:
-    """The validated body's tensor against the served model's card; every rejection is an
-    :class:`InvalidInput` naming the field (→ 400 ``{"error": …}``)."""
+    """The validated body's tensor against the served model's card (``blob``: the bytes after
+    the JSON header, binary tensor extension); every rejection is an :class:`InvalidInput`
+    naming the field (→ 400 ``{"error": …}``)."""
     parameters = request.parameters or InferParameters()
-    x = _input_tensor(request.inputs[0], served.input_shape, served.input_range, max_instances)
-    return ParsedInfer(
-        x, request.id, parameters.mc_samples, parameters.seed, _outputs(request, served)
+    x = _input_tensor(
+        request.inputs[0],
+        served.input_shape,
+        served.input_range,
+        max_instances,
+        memoryview(b"") if blob is None else blob,
     )
+    outputs = _outputs(request, served)
+    return ParsedInfer(
+        x,
+        request.id,
+        parameters.mc_samples,
+        parameters.seed,
+        outputs,
+        _binary_outputs(request, outputs, bool(parameters.binary_data_output)),
+    )
+
+
+def _binary_outputs(request: InferRequest, names: list[str], default: bool) -> frozenset[str]:
+    """The outputs sent as raw bytes: those whose ``binary_data`` is true, and — those that do
+    not say — all when ``binary_data_output`` is."""
+    own = {
+        output.name: output.parameters.binary_data
+        for output in request.outputs or ()
+        if output.parameters is not None and output.parameters.binary_data is not None
+    }
+    return frozenset(name for name in names if own.get(name, default))
 
 
 def _outputs(request: InferRequest, served: ServedModel) -> list[str]:

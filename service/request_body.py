@@ -23,19 +23,29 @@ import json
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+import orjson
 from fastapi import Request, Response
 from fastapi import params as fastapi_params
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from bayesgate.service.errors import InvalidInput, UnsupportedMediaType
+from bayesgate.service.oip_binary import HEADER, split_body
 
 MAX_FORM_FILES = 1
 MAX_FORM_FIELDS = 8
 
 
 def parse_json(body: bytes) -> Any:
-    """The request body as JSON; :class:`InvalidInput` for invalid JSON or absurd nesting."""
+    """The request body as JSON; :class:`InvalidInput` for invalid JSON or absurd nesting.
+
+    orjson parses (several times faster than ``json``); what it rejects — ``NaN``/``Infinity``
+    literals, integers past 64 bits, errors — goes through ``json.loads`` so those inputs keep
+    their field-level messages (``values must be finite``, ``seed``) or JSON's own error."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        pass
     try:
         return json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -66,6 +76,10 @@ async def read_form(request: Request) -> None:
 class ReadBodyFirst(APIRoute):
     """An ``APIRoute`` that reads and parses the body itself before FastAPI's handler runs."""
 
+    def json_part(self, request: Request, body: bytes) -> bytes:
+        """The part of the body that is JSON (all of it here; see :class:`ReadTensorBody`)."""
+        return body
+
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
         field = self.body_field
@@ -79,7 +93,7 @@ class ReadBodyFirst(APIRoute):
                     if content_type == "multipart/form-data":
                         await read_form(request)
                 else:
-                    body = await request.body()
+                    body = self.json_part(request, await request.body())
                     if body and (is_json(content_type) or (json_without_type and not content_type)):
                         # Starlette's Request.json() returns this cached value to FastAPI.
                         request._json = parse_json(body)
@@ -99,3 +113,13 @@ def require_media_type(expected: str, hint: str = "") -> Callable[[Request], Any
             )
 
     return check
+
+
+class ReadTensorBody(ReadBodyFirst):
+    """:class:`ReadBodyFirst` for the Open Inference Protocol's binary tensor extension: with an
+    ``Inference-Header-Content-Length`` header only that many bytes are JSON; the rest is kept
+    as ``request.state.binary_data`` (a memoryview; empty without the header)."""
+
+    def json_part(self, request: Request, body: bytes) -> bytes:
+        header, request.state.binary_data = split_body(body, request.headers.get(HEADER))
+        return header

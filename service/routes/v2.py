@@ -6,7 +6,8 @@
 ``GET /v2/health/ready``                    200 ``{"ready": true}``; 503 loading or draining
 ``GET /v2/models/{name}``                   model metadata: input and output tensors
 ``GET /v2/models/{name}/ready``             200 ``{"name", "ready": true}``; 404, 503
-``POST /v2/models/{name}/infer``            inference on JSON tensors
+``GET /v2/models/{name}/config``            Triton model configuration (max batch, tensors)
+``POST /v2/models/{name}/infer``            inference on JSON or binary tensors
 ==========================================  ===============================================
 
 Errors are ``{"error": "<message>"}`` with 400 (any bad request), 404 (unknown model), 503 (not
@@ -21,8 +22,9 @@ the same numbers on both APIs.
 
 from typing import Annotated, Any
 
+import orjson
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 
 from bayesgate.service.deps import ReadyDep, ServedDep, SettingsDep, WorkerDep, default_mc_samples
 from bayesgate.service.errors import InvalidInput, ModelNotFound
@@ -36,16 +38,20 @@ from bayesgate.service.inference_protocol import (
     ServerMetadata,
     infer_request_model,
     infer_response,
+    model_config,
     model_metadata,
     parse_infer_request,
 )
-from bayesgate.service.request_body import ReadBodyFirst, media_type
+from bayesgate.service.oip_binary import join_body
+from bayesgate.service.request_body import ReadTensorBody, media_type
 from bayesgate.service.schemas import error_responses
 from bayesgate.service.served_model import ServedModel
 from bayesgate.service.settings import Settings
 
 SERVER_NAME = "bayesgate"
-EXTENSIONS = ["parameters"]  # request and response "parameters" (mc_samples, seed, …)
+# request and response "parameters" (mc_samples, seed, …); raw tensor bytes; GET …/config
+EXTENSIONS = ["parameters", "binary_tensor_data", "model_configuration"]
+HEADER_NAME = "Inference-Header-Content-Length"
 
 
 async def named_model(name: str, served: ServedDep) -> ServedModel:
@@ -59,13 +65,8 @@ async def ready_named_model(name: str, served: ReadyDep) -> ServedModel:
     return await named_model(name, served)
 
 
-async def json_tensors_only(request: Request) -> None:
-    """400 for the binary tensor extension and for a Content-Type other than JSON (or none)."""
-    if "inference-header-content-length" in request.headers:
-        raise InvalidInput(
-            "binary tensor data is not supported by this server; send JSON tensors "
-            "(tritonclient: binary_data=False)"
-        )
+async def json_header(request: Request) -> None:
+    """400 for a Content-Type other than JSON (or none, as tritonclient sends binary bodies)."""
     content_type = media_type(request)
     if content_type not in ("", "application/json"):
         raise InvalidInput(f"Content-Type must be application/json (or absent), got {content_type}")
@@ -79,10 +80,11 @@ def build_router(settings: Settings) -> APIRouter:
     """The ``/v2`` routes, with this server's bound on ``mc_samples`` in the infer body type."""
     router = APIRouter(
         tags=["open inference protocol (v2)"],
-        route_class=ReadBodyFirst,
+        route_class=ReadTensorBody,
         strict_content_type=False,  # a body without Content-Type is JSON (as Triton reads it)
     )
     add_metadata_routes(router)
+    add_config_route(router, settings.max_instances)
     add_infer_route(router, infer_request_model(settings))
     return router
 
@@ -127,6 +129,16 @@ def add_metadata_routes(router: APIRouter) -> None:
         return {"name": served.name, "ready": True}
 
 
+def add_config_route(router: APIRouter, max_instances: int) -> None:
+    """``GET /models/{name}/config``: Triton's model configuration."""
+
+    @router.get("/models/{name}/config", responses=error_responses(400, 404, 503, v2=True))
+    async def get_model_config(served: NamedDep) -> dict[str, Any]:
+        """Triton's model configuration: max batch size (instances per request), inputs,
+        outputs."""
+        return model_config(served, max_instances)
+
+
 def add_infer_route(router: APIRouter, infer_request: type[InferRequest]) -> None:
     """``POST /models/{name}/infer`` taking ``infer_request`` bodies."""
 
@@ -134,19 +146,29 @@ def add_infer_route(router: APIRouter, infer_request: type[InferRequest]) -> Non
         "/models/{name}/infer",
         response_model=InferResponse,
         responses=error_responses(400, 404, 413, 500, 503, v2=True),
-        dependencies=[Depends(json_tensors_only)],
+        dependencies=[Depends(json_header)],
     )
     async def infer(
         body: infer_request,  # type: ignore[valid-type]
+        request: Request,
         settings: SettingsDep,
         served: NamedDep,
         worker: WorkerDep,
-    ) -> JSONResponse:
+    ) -> Response:
         """Label, probabilities, uncertainty and the adversarial flag of each instance of
         ``input``."""
-        parsed = parse_infer_request(body, served, settings.max_instances)
+        blob = getattr(request.state, "binary_data", None)
+        parsed = parse_infer_request(body, served, settings.max_instances, blob)
         k = default_mc_samples(settings, served) if parsed.mc_samples is None else parsed.mc_samples
         predictions = await worker.predict(
             parsed.x, k, seed=parsed.seed, timeout_s=settings.request_timeout_s
         )
-        return JSONResponse(infer_response(predictions, parsed, k))
+        return tensor_response(infer_response(predictions, parsed, k), parsed.binary_outputs)
+
+
+def tensor_response(header: dict[str, Any], binary: frozenset[str]) -> Response:
+    """JSON, or — when some outputs go binary — the JSON header and their bytes after it."""
+    body, length = join_body(header, set(binary), orjson.dumps)
+    if length is None:
+        return Response(body, media_type="application/json")
+    return Response(body, media_type="application/octet-stream", headers={HEADER_NAME: str(length)})

@@ -83,11 +83,12 @@ def test_triton_client_liveness_readiness_metadata_and_inference(
         assert client.get_server_metadata()["name"] == "bayesgate"
         meta = client.get_model_metadata("tiny-mlp")
         assert meta["inputs"][0] == {"name": "input", "datatype": "FP32", "shape": [-1, 1, 28, 28]}
+        config = client.get_model_config("tiny-mlp")
         x = reference["x"].numpy()
         tensor = triton.InferInput("input", list(x.shape), "FP32")
-        tensor.set_data_from_numpy(x, binary_data=False)
+        tensor.set_data_from_numpy(x)  # the client's default: binary tensor data
         outputs = [
-            triton.InferRequestedOutput(name, binary_data=False)
+            triton.InferRequestedOutput(name)  # default: binary_data=True
             for name in ("probabilities", "label", "mutual_information", "adversarial")
         ]
         result = client.infer(
@@ -98,12 +99,28 @@ def test_triton_client_liveness_readiness_metadata_and_inference(
             parameters={"mc_samples": K, "seed": SEED},
         )
         everything = client.infer("tiny-mlp", [tensor], parameters={"mc_samples": K, "seed": SEED})
+        as_json = triton.InferInput("input", list(x.shape), "FP32")
+        as_json.set_data_from_numpy(x, binary_data=False)
+        json_result = client.infer(
+            "tiny-mlp",
+            [as_json],
+            outputs=[triton.InferRequestedOutput("probabilities", binary_data=False)],
+            parameters={"mc_samples": K, "seed": SEED},
+        )
         with pytest.raises(triton.InferenceServerException) as unknown:
             client.infer("other", [tensor])
     finally:
         client.close()
     assert unknown.value.status() == "404" and "'other'" in unknown.value.message()
-    assert result.get_response()["id"] == "triton-1"
+    assert config["max_batch_size"] == MAX_INSTANCES
+    assert config["input"] == [{"name": "input", "data_type": "TYPE_FP32", "dims": [1, 28, 28]}]
+    assert {"name": "probabilities", "data_type": "TYPE_FP32", "dims": [10]} in config["output"]
+    response = result.get_response()
+    assert response["id"] == "triton-1"
+    assert all(o["parameters"]["binary_data_size"] > 0 for o in response["outputs"])
+    np.testing.assert_array_equal(
+        json_result.as_numpy("probabilities"), result.as_numpy("probabilities")
+    )
     probs = result.as_numpy("probabilities")
     assert probs.dtype == np.float32 and probs.shape == (3, 10)
     np.testing.assert_allclose(probs, reference["mean"], atol=1e-6)
@@ -120,7 +137,7 @@ def test_triton_client_liveness_readiness_metadata_and_inference(
         result.as_numpy("mutual_information"),
         np.asarray([r["mutual_information"] for r in v1], np.float32),
     )
-    # No outputs requested: the client asks for binary outputs; the server answers all in JSON.
+    # No outputs requested: the client asks for binary outputs (binary_data_output), all nine.
     assert everything.as_numpy("variation_ratio").shape == (3,)
     for name in ("aleatoric_variance", "epistemic_variance"):  # Kwon et al., as in /v1
         np.testing.assert_array_equal(
@@ -321,13 +338,13 @@ CATALOGUE: list[tuple[str, str, str, dict[str, str], bytes, int, str]] = [
         "mc_samples",
     ),
     (
-        "v2 binary tensor",
+        "v2 binary header past the body",
         "POST",
         V2,
-        {"inference-header-content-length": "10"},
+        {"inference-header-content-length": "100"},
         b'{"inputs":[]}',
         400,
-        "binary",
+        "Inference-Header-Content-Length: 100",
     ),
     (
         "v2 unknown model",

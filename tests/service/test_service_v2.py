@@ -55,7 +55,11 @@ async def test_server_and_model_metadata_come_from_the_card(
         model_ready = await client.get("/v2/models/tiny-mlp/ready")
         unknown = await client.get("/v2/models/other")
         unknown_ready = await client.get("/v2/models/other/ready")
-    assert server == {"name": "bayesgate", "version": app.version, "extensions": ["parameters"]}
+    assert server == {
+        "name": "bayesgate",
+        "version": app.version,
+        "extensions": ["parameters", "binary_tensor_data", "model_configuration"],
+    }
     assert meta["name"] == card["name"] == "tiny-mlp"
     assert meta["inputs"] == [
         {"name": "input", "datatype": "FP32", "shape": [-1, *card["input"]["shape"]]}
@@ -207,11 +211,13 @@ async def test_outputs_selection_and_defaults(
                     {"name": "adversarial", "parameters": {"binary_data": False}},
                     {"name": "probabilities"},
                 ],
-                parameters={"binary_data_output": True},  # accepted; the answer is JSON
+                parameters={"binary_data_output": False},
             ),
         )
         unseeded = await client.post(INFER, json=infer_body(x))
     assert chosen.status_code == 200, chosen.text
+    assert chosen.headers["content-type"] == "application/json"
+    assert "inference-header-content-length" not in chosen.headers
     body = chosen.json()
     assert [o["name"] for o in body["outputs"]] == ["adversarial", "probabilities"]
     assert body["outputs"][1]["shape"] == [2, 10] and len(body["outputs"][1]["data"]) == 20

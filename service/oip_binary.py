@@ -1,0 +1,115 @@
+"""The Open Inference Protocol's binary tensor data extension (Triton ``binary_tensor_data``).
+
+A request or response body is a JSON header followed by raw tensor bytes::
+
+    body = header JSON (Inference-Header-Content-Length bytes) ‖ tensor₁ bytes ‖ tensor₂ bytes …
+
+An input (or output) carried in the binary part has no ``data``; its ``parameters`` hold
+``binary_data_size`` = its byte count, which must equal ``∏ shape × itemsize(datatype)``. The
+binary parts follow in the order of the tensors that have one. Values are little-endian, BOOL is
+one byte per element. Outputs are sent binary when the output's ``parameters.binary_data`` is
+true, or — for outputs that do not say — when the request's ``parameters.binary_data_output`` is.
+
+This module only splits and joins bytes; the JSON header is validated by
+:class:`bayesgate.service.inference_protocol.InferRequest`, which also says what the tensors mean.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from bayesgate.service.errors import InvalidInput
+
+HEADER = "inference-header-content-length"
+
+# OIP datatype → little-endian numpy dtype (BYTES, i.e. length-prefixed strings, is not offered)
+DTYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype("|b1"),
+    "UINT8": np.dtype("|u1"),
+    "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"),
+    "UINT64": np.dtype("<u8"),
+    "INT8": np.dtype("|i1"),
+    "INT16": np.dtype("<i2"),
+    "INT32": np.dtype("<i4"),
+    "INT64": np.dtype("<i8"),
+    "FP16": np.dtype("<f2"),
+    "FP32": np.dtype("<f4"),
+    "FP64": np.dtype("<f8"),
+}
+
+
+def split_body(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
+    """``(JSON header, binary rest)`` of a request body; no header → all JSON, empty rest."""
+    if header_length is None:
+        return body, memoryview(b"")
+    try:
+        n = int(header_length.strip())
+    except ValueError:
+        raise InvalidInput(
+            f"Inference-Header-Content-Length: expected a byte count, got {header_length!r}"
+        ) from None
+    if not 0 < n <= len(body):
+        raise InvalidInput(
+            f"Inference-Header-Content-Length: {n} is not within the body of {len(body)} bytes"
+        )
+    view = memoryview(body)
+    return bytes(view[:n]), view[n:]
+
+
+def tensor_from_bytes(
+    blob: memoryview, offset: int, size: int, datatype: str, shape: Sequence[int], where: str
+) -> np.ndarray:
+    """The ``size`` bytes at ``offset`` of the binary part as an array of ``shape``; 400 when
+    ``size ≠ ∏ shape × itemsize`` or the bytes run past the body."""
+    dtype = DTYPES.get(datatype)
+    if dtype is None:
+        raise InvalidInput(
+            f"{where}.datatype: {datatype!r} is not supported as binary data; "
+            f"supported: {', '.join(DTYPES)}"
+        )
+    expected = math.prod(shape) * dtype.itemsize
+    if size != expected:
+        dims = "×".join(map(str, shape))
+        raise InvalidInput(
+            f"{where}.parameters.binary_data_size: {size} bytes, but the shape {dims} of "
+            f"{datatype} takes {expected}"
+        )
+    if offset + size > len(blob):
+        raise InvalidInput(
+            f"{where}: binary data runs past the body ({offset + size} bytes needed after the "
+            f"JSON header, {len(blob)} there)"
+        )
+    return np.frombuffer(blob[offset : offset + size], dtype=dtype).reshape(tuple(shape))
+
+
+def check_consumed(blob: memoryview, used: int) -> None:
+    """400 when bytes are left after the last binary tensor (a wrong header length)."""
+    if used != len(blob):
+        raise InvalidInput(
+            f"body: {len(blob) - used} bytes after the JSON header belong to no input "
+            "(check Inference-Header-Content-Length and binary_data_size)"
+        )
+
+
+def join_body(header: dict[str, Any], binary: set[str], dumps: Any) -> tuple[bytes, int | None]:
+    """Move the ``data`` of the outputs named in ``binary`` to raw bytes after the JSON header.
+
+    Returns ``(body, header length)``; the length is ``None`` when nothing went binary (a plain
+    JSON body)."""
+    parts: list[bytes] = []
+    for output in header["outputs"]:
+        if output["name"] not in binary:
+            continue
+        data = output.pop("data")
+        raw = np.asarray(data, dtype=DTYPES[output["datatype"]]).tobytes()
+        output["parameters"] = {"binary_data_size": len(raw)}
+        parts.append(raw)
+    head = dumps(header)
+    if not parts:
+        return head, None
+    return b"".join([head, *parts]), len(head)
