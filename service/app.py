@@ -106,6 +106,8 @@ class Serving:
     worker: BatchWorker
     watcher: asyncio.Task[None] | None
     uninstall_drain: Callable[[], None] | None
+    grpc_server: Any = None  # grpc.aio.Server when BAYESGATE_GRPC_PORT is set
+    grace_s: float = 0.0  # how long the gRPC server may finish in-flight calls at shutdown
 
 
 def go_ready(
@@ -156,8 +158,28 @@ async def shut_down(state: Any, metrics: Metrics, serving: Serving) -> None:
             await serving.watcher
     if serving.uninstall_drain is not None:
         serving.uninstall_drain()
+    if serving.grpc_server is not None:  # in-flight calls finish on the still-running worker
+        await serving.grpc_server.stop(serving.grace_s)
     serving.worker.stop()
     metrics.process_exit()
+
+
+async def start_grpc(app: FastAPI, settings: Settings, serving: Serving) -> None:
+    """The gRPC server (:mod:`bayesgate.service.grpc_server`) when ``grpc_port`` is set; its
+    port in ``app.state.grpc_port``."""
+    if settings.grpc_port is None:
+        return
+    try:
+        from bayesgate.service.grpc_server import start_grpc_server
+    except ImportError as exc:
+        raise StartupError(
+            f"BAYESGATE_GRPC_PORT is set but gRPC is not installed ({exc}); "
+            "pip install 'bayesgate[grpc]'"
+        ) from None
+    serving.grpc_server, app.state.grpc_port = await start_grpc_server(
+        app.state, app.version, settings.host, settings.grpc_port
+    )
+    serving.grace_s = settings.drain_timeout_s
 
 
 def make_lifespan(settings: Settings, metrics: Metrics) -> Callable[[FastAPI], Any]:
@@ -173,6 +195,7 @@ def make_lifespan(settings: Settings, metrics: Metrics) -> Callable[[FastAPI], A
         await warm_up(worker, settings, state)
         serving = go_ready(state, settings, metrics, worker, control)
         try:
+            await start_grpc(app, settings, serving)
             yield
         finally:
             await shut_down(state, metrics, serving)

@@ -114,6 +114,13 @@ class Settings(BaseSettings):
     demo_max_attack_mc_samples: int = Field(
         20, ge=1, le=100, description="most MC passes K in an attack's gradient"
     )
+    grpc_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="serve the Open Inference Protocol over gRPC on this port too (e.g. 8001; "
+        "needs bayesgate[grpc]); unset: HTTP only",
+    )
 
     @field_validator("api_key")
     @classmethod

@@ -1,0 +1,268 @@
+"""The Open Inference Protocol over gRPC (KServe v2 ``inference.GRPCInferenceService``).
+
+Off unless ``BAYESGATE_GRPC_PORT`` is set (Triton's convention is 8001); needs the extra
+``bayesgate[grpc]`` (``tritonclient[grpc]``: grpcio and the generated KServe v2 messages and
+service, ``tritonclient.grpc.service_pb2``/``service_pb2_grpc``, reused here server-side so no
+protoc runs at install time). The server runs on the app's event loop (``grpc.aio``), starts
+after the warm-up and stops, with the drain timeout as grace, before the worker does.
+
+RPCs: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata, ModelConfig and
+ModelInfer. ModelInfer is the ``/v2`` infer of :mod:`bayesgate.service.inference_protocol` with
+the tensors in protobuf (the request becomes the ``/v2`` JSON payload, validated by the same
+:class:`~bayesgate.service.inference_protocol.InferRequest`): the input from
+``raw_input_contents[0]`` (little-endian float32, what ``tritonclient.grpc`` sends) or
+``contents.fp32_contents``; each output in
+``raw_output_contents`` (same order as ``outputs``). The same worker answers, so the same input,
+seed and K give the numbers of ``/v1`` and ``/v2``. Errors: bad request → INVALID_ARGUMENT,
+unknown model → NOT_FOUND, not ready / draining / queue full → UNAVAILABLE, deadline →
+DEADLINE_EXCEEDED, inference failure → INTERNAL.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import grpc
+import numpy as np
+from pydantic import ValidationError
+from tritonclient.grpc import model_config_pb2 as config_pb
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+from bayesgate.service.deps import default_mc_samples
+from bayesgate.service.errors import (
+    DeadlineExceeded,
+    InferenceFailed,
+    InvalidInput,
+    ModelNotFound,
+    NotReady,
+    QueueFull,
+    ServiceError,
+    describe_validation_errors,
+)
+from bayesgate.service.inference_protocol import (
+    InferRequest,
+    infer_request_model,
+    infer_response,
+    model_config,
+    model_metadata,
+    parse_infer_request,
+)
+from bayesgate.service.oip_binary import DTYPES
+from bayesgate.service.served_model import ServedModel
+
+log = logging.getLogger("bayesgate.service")
+
+STATUS: tuple[tuple[type[ServiceError], grpc.StatusCode], ...] = (
+    (InvalidInput, grpc.StatusCode.INVALID_ARGUMENT),
+    (ModelNotFound, grpc.StatusCode.NOT_FOUND),
+    (DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (NotReady, grpc.StatusCode.UNAVAILABLE),
+    (QueueFull, grpc.StatusCode.UNAVAILABLE),
+    (InferenceFailed, grpc.StatusCode.INTERNAL),
+)
+
+
+def status_code(exc: ServiceError) -> grpc.StatusCode:
+    """The gRPC status of a domain error (first matching class; INTERNAL otherwise)."""
+    for cls, code in STATUS:
+        if isinstance(exc, cls):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+def _parameter(p: Any) -> Any:
+    """An ``InferParameter`` (oneof bool/int64/string/double/uint64) as a Python value."""
+    kind = p.WhichOneof("parameter_choice")
+    return None if kind is None else getattr(p, kind)
+
+
+def _set_parameter(p: Any, value: Any) -> None:
+    if isinstance(value, bool):
+        p.bool_param = value
+    elif isinstance(value, int):
+        p.int64_param = value
+    elif isinstance(value, float):
+        p.double_param = value
+    else:
+        p.string_param = str(value)
+
+
+def request_payload(request: Any) -> tuple[dict[str, Any], memoryview]:
+    """A ``ModelInferRequest`` as the JSON payload of ``/v2`` infer plus its binary part."""
+    payload: dict[str, Any] = {"inputs": []}
+    if request.id:
+        payload["id"] = request.id
+    if request.parameters:
+        payload["parameters"] = {k: _parameter(v) for k, v in request.parameters.items()}
+    raw = list(request.raw_input_contents)
+    for i, tensor in enumerate(request.inputs):
+        item: dict[str, Any] = {
+            "name": tensor.name,
+            "datatype": tensor.datatype,
+            "shape": list(tensor.shape),
+        }
+        if tensor.parameters:
+            item["parameters"] = {k: _parameter(v) for k, v in tensor.parameters.items()}
+        if i < len(raw):
+            item.setdefault("parameters", {})["binary_data_size"] = len(raw[i])
+        else:
+            item["data"] = list(tensor.contents.fp32_contents)
+        payload["inputs"].append(item)
+    if len(raw) > max(1, len(request.inputs)):
+        raise InvalidInput(
+            f"raw_input_contents: {len(raw)} entries for {len(request.inputs)} input(s)"
+        )
+    if request.outputs:
+        payload["outputs"] = [{"name": o.name} for o in request.outputs]
+    return payload, memoryview(raw[0] if raw else b"")
+
+
+def validated(model: type[InferRequest], payload: dict[str, Any]) -> InferRequest:
+    """``payload`` as ``model``; :class:`InvalidInput` with the ``/v2`` message otherwise."""
+    try:
+        return model.model_validate(payload)
+    except ValidationError as exc:
+        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
+        raise InvalidInput(describe_validation_errors(errors)) from None
+
+
+def infer_reply(body: dict[str, Any]) -> Any:
+    """The ``/v2`` response body as a ``ModelInferResponse`` with raw output contents."""
+    reply = pb.ModelInferResponse(model_name=body["model_name"], id=body.get("id", ""))
+    for key, value in body["parameters"].items():
+        _set_parameter(reply.parameters[key], value)
+    for output in body["outputs"]:
+        reply.outputs.add(name=output["name"], datatype=output["datatype"], shape=output["shape"])
+        raw = np.asarray(output["data"], dtype=DTYPES[output["datatype"]]).tobytes()
+        reply.raw_output_contents.append(raw)
+    return reply
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+    """The KServe v2 gRPC service over the app's state (worker, settings, readiness)."""
+
+    def __init__(self, state: Any, version: str) -> None:
+        self.state = state
+        self.version = version
+        self.infer_request = infer_request_model(state.settings)
+
+    # --- state ------------------------------------------------------------------------------
+
+    def _served(self, ready: bool = False) -> ServedModel:
+        if not getattr(self.state, "ready", False):
+            raise NotReady("the model is not loaded and warmed up yet; retry shortly")
+        if ready and getattr(self.state, "draining", False):
+            raise NotReady("the server is shutting down (draining in-flight requests)")
+        return self.state.worker.model
+
+    def _model(self, name: str, ready: bool = False) -> ServedModel:
+        served = self._served(ready)
+        if name != served.name:
+            raise ModelNotFound(f"unknown model {name!r}; this server serves {served.name!r}")
+        return served
+
+    # --- RPCs -------------------------------------------------------------------------------
+
+    async def ServerLive(self, request: Any, context: Any) -> Any:  # RPC names are CamelCase
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: Any, context: Any) -> Any:
+        try:
+            self._served(ready=True)
+        except NotReady:
+            return pb.ServerReadyResponse(ready=False)
+        return pb.ServerReadyResponse(ready=True)
+
+    async def ModelReady(self, request: Any, context: Any) -> Any:
+        try:
+            self._model(request.name, ready=True)
+        except NotReady:
+            return pb.ModelReadyResponse(ready=False)
+        except ServiceError as exc:
+            await context.abort(status_code(exc), exc.message)
+        return pb.ModelReadyResponse(ready=True)
+
+    async def ServerMetadata(self, request: Any, context: Any) -> Any:
+        from bayesgate.service.routes.v2 import EXTENSIONS, SERVER_NAME
+
+        return pb.ServerMetadataResponse(
+            name=SERVER_NAME, version=self.version, extensions=EXTENSIONS
+        )
+
+    async def ModelMetadata(self, request: Any, context: Any) -> Any:
+        try:
+            meta = model_metadata(self._model(request.name))
+        except ServiceError as exc:
+            await context.abort(status_code(exc), exc.message)
+        reply = pb.ModelMetadataResponse(
+            name=meta["name"], versions=meta["versions"], platform=meta["platform"]
+        )
+        for tensor in meta["inputs"]:
+            reply.inputs.add(**tensor)
+        for tensor in meta["outputs"]:
+            reply.outputs.add(**tensor)
+        return reply
+
+    async def ModelConfig(self, request: Any, context: Any) -> Any:
+        try:
+            config = model_config(self._model(request.name), self.state.settings.max_instances)
+        except ServiceError as exc:
+            await context.abort(status_code(exc), exc.message)
+        message = config_pb.ModelConfig(
+            name=config["name"],
+            platform=config["platform"],
+            backend=config["backend"],
+            max_batch_size=config["max_batch_size"],
+        )
+        for tensor in config["input"]:
+            message.input.add(
+                name=tensor["name"],
+                data_type=config_pb.DataType.Value(tensor["data_type"]),
+                dims=tensor["dims"],
+            )
+        for tensor in config["output"]:
+            message.output.add(
+                name=tensor["name"],
+                data_type=config_pb.DataType.Value(tensor["data_type"]),
+                dims=tensor["dims"],
+            )
+        return pb.ModelConfigResponse(config=message)
+
+    async def ModelInfer(self, request: Any, context: Any) -> Any:
+        try:
+            return await self._infer(request)
+        except ServiceError as exc:
+            if status_code(exc) in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNAVAILABLE):
+                log.warning("gRPC ModelInfer %s: %s", exc.code, exc.message)
+            await context.abort(status_code(exc), exc.message)
+
+    async def _infer(self, request: Any) -> Any:
+        settings = self.state.settings
+        served = self._model(request.model_name)  # served while draining, like HTTP
+        payload, blob = request_payload(request)
+        body = validated(self.infer_request, payload)
+        parsed = parse_infer_request(body, served, settings.max_instances, blob)
+        k = default_mc_samples(settings, served) if parsed.mc_samples is None else parsed.mc_samples
+        predictions = await self.state.worker.predict(
+            parsed.x, k, seed=parsed.seed, timeout_s=settings.request_timeout_s
+        )
+        return infer_reply(infer_response(predictions, parsed, k))
+
+
+async def start_grpc_server(state: Any, version: str, host: str, port: int) -> tuple[Any, int]:
+    """A started ``grpc.aio`` server on ``host:port`` and its port (0: a free one)."""
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", state.settings.max_body_bytes),
+            ("grpc.so_reuseport", 1),  # every worker process of `serve --workers N` binds it
+        ]
+    )
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(state, version), server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"gRPC: cannot bind {host}:{port}")
+    await server.start()
+    log.info("gRPC (KServe v2 GRPCInferenceService) on %s:%d", host, bound)
+    return server, bound

@@ -1,0 +1,145 @@
+"""The Open Inference Protocol over gRPC, in-process (the app's lifespan starts the server on a
+free port): stock ``tritonclient.grpc`` (its asyncio client, default arguments: raw input and
+output contents) answers equal to ``/v1/predict`` for the same seed; metadata and config; errors
+mapped to gRPC status codes; the server stops with the app."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from bayesgate.service.settings import Settings
+
+pytestmark = pytest.mark.anyio
+grpcclient = pytest.importorskip("tritonclient.grpc.aio")
+K, SEED = 5, 31
+
+
+def _input(x: np.ndarray, name: str = "input", datatype: str = "FP32") -> Any:
+    tensor = grpcclient.InferInput(name, list(x.shape), datatype)
+    tensor.set_data_from_numpy(x)  # default: raw_input_contents
+    return tensor
+
+
+async def test_stock_grpc_client_equals_v1_and_metadata(
+    serving: Callable[[Settings], Any], make_settings: Callable[..., Settings]
+) -> None:
+    x = torch.rand(3, 1, 28, 28, generator=torch.Generator().manual_seed(6)).numpy()
+    params = {"mc_samples": K, "seed": SEED}
+    async with serving(make_settings(grpc_port=0, max_instances=8)) as (app, client):
+        grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{app.state.grpc_port}")
+        try:
+            live, ready = await grpc.is_server_live(), await grpc.is_server_ready()
+            model_ready = await grpc.is_model_ready("tiny-mlp")
+            server = await grpc.get_server_metadata(as_json=True)
+            meta = await grpc.get_model_metadata("tiny-mlp", as_json=True)
+            config = (await grpc.get_model_config("tiny-mlp", as_json=True))["config"]
+            everything = await grpc.infer("tiny-mlp", [_input(x)], parameters=params)
+            chosen = await grpc.infer(
+                "tiny-mlp",
+                [_input(x)],
+                outputs=[grpcclient.InferRequestedOutput(n) for n in ("label", "probabilities")],
+                request_id="g-1",
+                parameters=params,
+            )
+        finally:
+            await grpc.close()
+        v1 = await client.post("/v1/predict", json={"instances": x.tolist(), **params})
+        http_meta = (await client.get("/v2/models/tiny-mlp")).json()
+    assert live and ready and model_ready
+    assert server["name"] == "bayesgate" and "binary_tensor_data" in server["extensions"]
+    assert meta["inputs"] == [
+        {"name": "input", "datatype": "FP32", "shape": ["-1", "1", "28", "28"]}
+    ]
+    assert [o["name"] for o in meta["outputs"]] == [o["name"] for o in http_meta["outputs"]]
+    assert config["max_batch_size"] == 8
+    assert config["input"] == [
+        {"name": "input", "data_type": "TYPE_FP32", "dims": ["1", "28", "28"]}
+    ]
+    rows = v1.json()["predictions"]
+    response = everything.get_response(as_json=True)
+    assert [o["name"] for o in response["outputs"]] == [o["name"] for o in http_meta["outputs"]]
+    assert response["parameters"]["seed"]["int64_param"] == str(SEED)
+    assert chosen.get_response().id == "g-1"
+    assert [o.name for o in chosen.get_response().outputs] == ["label", "probabilities"]
+    for result in (everything, chosen):
+        probs = result.as_numpy("probabilities")
+        assert probs.dtype == np.float32 and probs.shape == (3, 10)
+        assert probs.tolist() == np.asarray([r["probabilities"] for r in rows], np.float32).tolist()
+        assert result.as_numpy("label").tolist() == [r["label"] for r in rows]
+    for name in ("adversarial", "score", "mutual_information", "epistemic_variance"):
+        expected = np.asarray([r[name] for r in rows])
+        np.testing.assert_array_equal(
+            everything.as_numpy(name), expected.astype(everything.as_numpy(name).dtype)
+        )
+
+
+async def test_grpc_errors_map_to_status_codes(
+    serving: Callable[[Settings], Any], make_settings: Callable[..., Settings]
+) -> None:
+    from tritonclient.utils import InferenceServerException
+
+    x = np.full((1, 1, 28, 28), 0.5, np.float32)
+    cases = [
+        ("other", [_input(x)], {}, "StatusCode.NOT_FOUND", "'other'"),
+        ("tiny-mlp", [_input(x[:, :, :14])], {}, "StatusCode.INVALID_ARGUMENT", "shape"),
+        ("tiny-mlp", [_input(x * 3)], {}, "StatusCode.INVALID_ARGUMENT", "[0, 1]"),
+        ("tiny-mlp", [_input(x, "pixels")], {}, "StatusCode.INVALID_ARGUMENT", "'pixels'"),
+        (
+            "tiny-mlp",
+            [_input(x.astype(np.float64), datatype="FP64")],
+            {},
+            "StatusCode.INVALID_ARGUMENT",
+            "FP64",
+        ),
+        (
+            "tiny-mlp",
+            [_input(x)],
+            {"mc_samples": 10**6},
+            "StatusCode.INVALID_ARGUMENT",
+            "mc_samples",
+        ),
+        ("tiny-mlp", [_input(x)], {"k": 3}, "StatusCode.INVALID_ARGUMENT", "'k'"),
+    ]
+    async with serving(make_settings(grpc_port=0)) as (app, _):
+        grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{app.state.grpc_port}")
+        try:
+            for model, inputs, params, code, fragment in cases:
+                with pytest.raises(InferenceServerException) as err:
+                    await grpc.infer(model, inputs, parameters=params or None)
+                assert err.value.status() == code, (fragment, err.value)
+                assert fragment in err.value.message(), err.value.message()
+            with pytest.raises(InferenceServerException) as missing:
+                await grpc.get_model_metadata("other")
+            assert app.state.worker.stats.snapshot()["engine_calls"] == 0
+            app.state.ready = False  # as before the warm-up or after shutdown began
+            with pytest.raises(InferenceServerException) as unavailable:
+                await grpc.infer("tiny-mlp", [_input(x)])
+            assert not await grpc.is_server_ready()
+            app.state.ready = True
+        finally:
+            await grpc.close()
+    assert missing.value.status() == "StatusCode.NOT_FOUND"
+    assert unavailable.value.status() == "StatusCode.UNAVAILABLE"
+
+
+async def test_grpc_is_off_by_default_and_stops_with_the_app(
+    serving: Callable[[Settings], Any], make_settings: Callable[..., Settings]
+) -> None:
+    from tritonclient.utils import InferenceServerException
+
+    async with serving(make_settings()) as (app, _):
+        assert getattr(app.state, "grpc_port", None) is None
+    async with serving(make_settings(grpc_port=0)) as (app, _):
+        port = app.state.grpc_port
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+    try:
+        with pytest.raises(InferenceServerException) as gone:
+            await grpc.is_server_live(client_timeout=5)
+    finally:
+        await grpc.close()
+    assert gone.value.status() in ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED")
