@@ -33,6 +33,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -182,6 +183,27 @@ async def _request(
 Request = Callable[[asyncio.StreamReader, asyncio.StreamWriter, bytes], Awaitable[int]]
 
 
+@dataclass(frozen=True)
+class Protocol:
+    """How a request body travels over HTTP: path, content type, and for the binary tensor
+    extension the JSON header's length (``Inference-Header-Content-Length``)."""
+
+    name: str
+    path: str
+    content_type: str
+    header_lengths: tuple[int, ...] = ()  # per body, binary extension only
+
+    def http(self, host: str, port: int, body: bytes, i: int = -1) -> bytes:
+        extra = ""
+        if self.header_lengths:
+            extra = f"Inference-Header-Content-Length: {self.header_lengths[i]}\r\n"
+        head = (
+            f"POST {self.path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            f"Content-Type: {self.content_type}\r\nContent-Length: {len(body)}\r\n{extra}\r\n"
+        )
+        return head.encode() + body
+
+
 async def drive(
     port: int,
     bodies: list[bytes],
@@ -189,23 +211,19 @@ async def drive(
     duration_s: float,
     max_requests: int,
     request: Request = _request,
+    protocol: Protocol | None = None,
 ) -> tuple[list[float], int, float]:
     """``clients`` concurrent connections sending ``bodies`` round-robin, each exchange made by
     ``request`` (returns the status); returns (latencies of 200 answers in seconds, number of
-    non-200 answers, wall seconds)."""
+    non-200 answers, wall seconds). ``protocol``: path and headers (default ``/v1/predict`` JSON).
+    """
     latencies: list[float] = []
     failures = 0
     sent = 0
     stop_at = time.perf_counter() + duration_s
 
-    def http(body: bytes) -> bytes:
-        head = (
-            f"POST /v1/predict HTTP/1.1\r\nHost: {HOST}:{port}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-        )
-        return head.encode() + body
-
-    payloads = [http(b) for b in bodies]
+    proto = protocol or Protocol("/v1 JSON", "/v1/predict", "application/json")
+    payloads = [proto.http(HOST, port, b, i) for i, b in enumerate(bodies)]
 
     async def client(i: int) -> None:
         nonlocal failures, sent
@@ -265,15 +283,57 @@ def latency_stats(latencies: list[float], failures: int, wall: float) -> dict[st
 def run_mode(
     name: str, model_dir: Path, bodies: list[bytes], args: argparse.Namespace, batch: int
 ) -> dict[str, Any]:
-    port = free_port()
-    with Server(model_dir, port, server_env(args, batch)) as server:
+    """One server, ``/v1 JSON`` only (kept for ``bench/ray_replicas.py``-style callers)."""
+    protocol = Protocol("/v1 JSON", "/v1/predict", "application/json")
+    return run_server(model_dir, args, batch, [(name, protocol, bodies)])[0]
+
+
+Workload = tuple[
+    str, "Protocol | None", list[Any]
+]  # (row name, HTTP protocol or None = gRPC, bodies)
+
+
+def run_server(
+    model_dir: Path, args: argparse.Namespace, batch: int, workloads: list[Workload]
+) -> list[dict[str, Any]]:
+    """Start one server (gRPC on too when a workload needs it) and drive each workload in turn:
+    a short warm-up, then ``--duration`` seconds; the server's CPU and ``/v1/stats`` deltas."""
+    port, grpc_port = free_port(), free_port()
+    env = server_env(args, batch)
+    if any(protocol is None for _, protocol, _ in workloads):
+        env["BAYESGATE_GRPC_PORT"] = str(grpc_port)
+    rows = []
+    with Server(model_dir, port, env) as server:
         server.wait_ready()
-        asyncio.run(drive(port, bodies, args.clients, min(1.0, args.duration), 10_000))  # warm-up
-        before, cpu0 = server.get("/v1/stats"), server.cpu_seconds()
-        latencies, failures, wall = asyncio.run(
-            drive(port, bodies, args.clients, args.duration, args.max_requests)
-        )
-        after, cpu1 = server.get("/v1/stats"), server.cpu_seconds()
+        for name, protocol, bodies in workloads:
+
+            def go(seconds: float, cap: int, protocol: Protocol | None = protocol, bodies=bodies):
+                if protocol is None:
+                    from load_protocols import drive_grpc
+
+                    return asyncio.run(drive_grpc(grpc_port, bodies, args.clients, seconds, cap))
+                return asyncio.run(
+                    drive(port, bodies, args.clients, seconds, cap, protocol=protocol)
+                )
+
+            go(min(1.0, args.duration), 10_000)  # warm-up
+            before, cpu0 = server.get("/v1/stats"), server.cpu_seconds()
+            latencies, failures, wall = go(args.duration, args.max_requests)
+            after, cpu1 = server.get("/v1/stats"), server.cpu_seconds()
+            rows.append(_row(name, batch, latencies, failures, wall, before, after, cpu1 - cpu0))
+    return rows
+
+
+def _row(
+    name: str,
+    batch: int,
+    latencies: list[float],
+    failures: int,
+    wall: float,
+    before: dict[str, Any],
+    after: dict[str, Any],
+    cpu: float,
+) -> dict[str, Any]:
     calls = after["engine_calls"] - before["engine_calls"]
     instances = after["instances"] - before["instances"]
     done = len(latencies)
@@ -282,8 +342,8 @@ def run_mode(
         "max_batch_size": batch,
         **latency_stats(latencies, failures, wall),
         "mean_batch": instances / calls if calls else 0.0,
-        "cpu_ms_per_request": 1000 * (cpu1 - cpu0) / done if done else float("nan"),
-        "cpu_share": (cpu1 - cpu0) / wall,
+        "cpu_ms_per_request": 1000 * cpu / done if done else float("nan"),
+        "cpu_share": cpu / wall,
     }
 
 
@@ -318,7 +378,7 @@ def engine_alone(model_dir: Path, batch: int, args: argparse.Namespace) -> dict[
 
 
 COLUMNS = [  # (title, key, format)
-    ("mode", "mode", "<14"),
+    ("mode", "mode", "<22"),
     ("max batch", "max_batch_size", ">10"),
     ("mean batch", "mean_batch", ">11.1f"),
     ("images", "requests", ">8"),
@@ -328,6 +388,7 @@ COLUMNS = [  # (title, key, format)
     ("p95 ms", "p95_ms", ">8.1f"),
     ("p99 ms", "p99_ms", ">8.1f"),
     ("CPU ms/img", "cpu_ms_per_request", ">11.2f"),
+    ("outside", "cpu_ms_outside_model", ">9.2f"),
     ("CPU share", "cpu_share", ">10.2f"),
 ]
 
@@ -340,7 +401,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     )
     lines = [head]
     for r in rows:
-        lines.append("".join(f"{r[key]:{fmt}}" for _, key, fmt in COLUMNS))
+        lines.append("".join(f"{r.get(key, float('nan')):{fmt}}" for _, key, fmt in COLUMNS))
     return "\n".join(lines)
 
 
@@ -357,6 +418,63 @@ def add_load_options(p: argparse.ArgumentParser, per: str, threads_help: str) ->
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
 
 
+PROTOCOLS = ("/v1 JSON", "/v1 PNG", "/v2 JSON", "/v2 binary", "gRPC")
+UNBATCHED = ("/v1 JSON", "/v2 binary")  # also run without batching
+
+
+def workloads(images: torch.Tensor, k: int, model: str, names: Sequence[str]) -> list[Workload]:
+    import load_protocols as lp
+
+    make = {
+        "/v1 JSON": lambda: lp.v1_json(images, k),
+        "/v1 PNG": lambda: lp.v1_png(images, k),
+        "/v2 JSON": lambda: lp.v2_json(images, k, model),
+        "/v2 binary": lambda: lp.v2_binary(images, k, model),
+        "gRPC": lambda: (None, lp.grpc_requests(images, k, model)),
+    }
+    return [(name, *make[name]()) for name in names]
+
+
+def ratios_and_outside(
+    batched: list[dict[str, Any]], single: list[dict[str, Any]], engines: dict[int, dict]
+) -> dict[str, Any]:
+    """Per protocol: server CPU ms per image outside the model (server CPU − engine CPU at the
+    same mean batch), service ÷ engine at that batch; batching ÷ no batching where both ran."""
+    out: dict[str, Any] = {}
+    by_name = {r["mode"]: r for r in single}
+    for row in batched:
+        engine = engines[max(1, round(row["mean_batch"]))]
+        row["cpu_ms_outside_model"] = row["cpu_ms_per_request"] - engine["cpu_ms_per_request"]
+        row["service_over_engine"] = row["throughput"] / engine["throughput"]
+        if row["mode"] in by_name:
+            row["batching_over_no_batching"] = (
+                row["throughput"] / by_name[row["mode"]]["throughput"]
+            )
+    for row in single:
+        row["cpu_ms_outside_model"] = row["cpu_ms_per_request"] - engines[1]["cpu_ms_per_request"]
+        row["mode"] = f"{row['mode']} unbatched"
+    best = max(batched, key=lambda r: r["service_over_engine"])
+    out["best_protocol"] = best["mode"]
+    out["service_over_engine_best"] = best["service_over_engine"]
+    return out
+
+
+def summary(batched: list[dict[str, Any]], ratios: dict[str, Any]) -> str:
+    lines = ["protocol      service/engine  batching/no batching  CPU ms/img outside model"]
+    for r in batched:
+        b = r.get("batching_over_no_batching")
+        lines.append(
+            f"{r['mode']:<14}{r['service_over_engine']:>14.2f}"
+            f"{(f'{b:.2f}×' if b else '—'):>22}{r['cpu_ms_outside_model']:>26.2f}"
+        )
+    lines.append(
+        f"best service / engine: {ratios['service_over_engine_best']:.2f} "
+        f"({ratios['best_protocol']})"
+        "  — targets: service/engine ≥ 0.6, batching ≥ 3×, /v2 binary outside ≤ 0.25 ms"
+    )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -367,10 +485,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--stand-in", default="cnn", help="preset of the untrained stand-in (default cnn)"
     )
+    p.add_argument(
+        "--protocols",
+        default=",".join(PROTOCOLS),
+        help=f"comma-separated subset of {', '.join(PROTOCOLS)}",
+    )
     add_load_options(p, per="mode", threads_help="torch threads (server and engine)")
     args = p.parse_args(argv)
     if not 0 < args.duration <= MAX_DURATION_S or args.clients < 1 or args.max_requests < 1:
         p.error(f"need 0 < --duration ≤ {MAX_DURATION_S}, --clients ≥ 1, --max-requests ≥ 1")
+    names = [n.strip() for n in args.protocols.split(",") if n.strip()]
+    if not names or set(names) - set(PROTOCOLS):
+        p.error(f"--protocols: choose from {', '.join(PROTOCOLS)}")
 
     tmp = Path(tempfile.mkdtemp(prefix="bayesgate-bench-"))
     try:
@@ -382,45 +508,33 @@ def main(argv: list[str] | None = None) -> int:
             model_dir = stand_in_model(args.stand_in, tmp / "stand-in")
             model_note = f"untrained {args.stand_in} stand-in, no bundled model yet"
         card = json.loads((model_dir / "card.json").read_text())
-        bodies = [
-            json.dumps({"instances": [img.flatten().tolist()], "mc_samples": args.k}).encode()
-            for img in mnist_images(64)
-        ]
+        work = workloads(mnist_images(64), args.k, card["name"], names)
+        load_start = os.getloadavg()[0]
         print(
             f"model {card['name']} ({model_note}); K={args.k}; {args.clients} clients; "
             f"{args.duration:g} s per mode; {args.threads} torch thread(s); 1 image per request; "
-            f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}",
+            f"{os.cpu_count()} CPUs, load average {load_start:.1f}",
             flush=True,
         )
-        batched = run_mode("batching", model_dir, bodies, args, args.max_batch_size)
-        single = run_mode("no batching", model_dir, bodies, args, 1)
-        observed = max(1, round(batched["mean_batch"]))
-        engine = engine_alone(model_dir, observed, args)
-        engine_1 = engine_alone(model_dir, 1, args)
+        batched = run_server(model_dir, args, args.max_batch_size, work)
+        single = run_server(model_dir, args, 1, [w for w in work if w[0] in UNBATCHED])
+        sizes = {1} | {max(1, round(r["mean_batch"])) for r in batched}
+        engines = {b: engine_alone(model_dir, b, args) for b in sorted(sizes)}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-    rows = [batched, single, engine, engine_1]
-    ratios = {
-        "batching_over_no_batching": batched["throughput"] / single["throughput"],
-        "engine_batch_over_engine_1": engine["throughput"] / engine_1["throughput"],
-        "service_over_engine": batched["throughput"] / engine["throughput"],
-    }
+    ratios = ratios_and_outside(batched, single, engines)
+    rows = [*batched, *single, *engines.values()]
     print(table(rows))
-    print(
-        f"batching / no batching throughput:      {ratios['batching_over_no_batching']:.2f}×"
-        "  (target ≥ 3)\n"
-        f"engine B={observed} / engine B=1 (ceiling):   "
-        f"{ratios['engine_batch_over_engine_1']:.2f}×\n"
-        f"service / engine alone at B={observed}:       {ratios['service_over_engine']:.2f}"
-        "   (target ≥ 0.5)"
-    )
+    print(summary(batched, ratios))
+    print(f"load average at the start {load_start:.1f}, at the end {os.getloadavg()[0]:.1f}")
     if args.json:
         args.json.write_text(
             json.dumps(
                 {
                     "model": card["name"],
                     "model_note": model_note,
+                    "load_average": [load_start, os.getloadavg()[0]],
                     "args": {k: str(v) for k, v in vars(args).items()},
                     "rows": rows,
                     **ratios,

@@ -53,6 +53,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--port", type=int, default=None, help=f"port (default {ENV_PREFIX}PORT or 8000)"
     )
     p.add_argument(
+        "--grpc-port",
+        type=int,
+        default=None,
+        help=f"also serve KServe v2 gRPC on this port (default {ENV_PREFIX}GRPC_PORT or off; "
+        "needs bayesgate[grpc])",
+    )
+    p.add_argument(
         "--workers", type=int, default=None, help=f"processes (default {ENV_PREFIX}WORKERS or 1)"
     )
     p.add_argument(
@@ -105,6 +112,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     overrides = {
         "host": args.host,
         "port": args.port,
+        "grpc_port": args.grpc_port,
         "workers": args.workers,
         "model_dir": args.model_dir,
         "device": args.device,
