@@ -19,9 +19,11 @@ from typing import Annotated, Any, TypeVar
 
 import torch
 from fastapi import APIRouter, Depends, Form, Request
+from fastapi.responses import Response
 
 from bayesgate.service.deps import ServedDep, SettingsDep, WorkerDep, default_mc_samples
 from bayesgate.service.errors import DeadlineExceeded, InvalidInput
+from bayesgate.service.fast_json import json_response
 from bayesgate.service.inputs import decode_images, decode_instances, decode_png
 from bayesgate.service.middleware import arrived_at
 from bayesgate.service.request_body import ReadBodyFirst, require_media_type
@@ -75,8 +77,9 @@ async def answer(
     return_samples: bool,
     worker: BatchWorker,
     settings: Settings,
-) -> dict[str, Any]:
-    """Run the job; the response names the model that computed it (from the predictions)."""
+) -> Response:
+    """Run the job; the response names the model that computed it (from the predictions). The
+    body is encoded by orjson directly (:mod:`bayesgate.service.fast_json`)."""
     k = default_mc_samples(settings, worker.model) if k is None else k
     predictions = await worker.predict(
         x,
@@ -87,7 +90,7 @@ async def answer(
         arrived=arrived_at(request.scope),
         client_gone=partial(client_gone, request),
     )
-    return predict_response(predictions, k, seed)
+    return json_response(predict_response(predictions, k, seed))
 
 
 def build_router(settings: Settings) -> APIRouter:
@@ -105,7 +108,7 @@ def build_router(settings: Settings) -> APIRouter:
         settings: SettingsDep,
         served: ServedDep,
         worker: WorkerDep,
-    ) -> dict[str, Any]:
+    ) -> Response:
         """Label, probabilities, uncertainty and adversarial flag for each image of the body."""
         if body.instances is not None:
             x = await decode_off_loop(
@@ -144,7 +147,7 @@ def build_router(settings: Settings) -> APIRouter:
         settings: SettingsDep,
         served: ServedDep,
         worker: WorkerDep,
-    ) -> dict[str, Any]:
+    ) -> Response:
         """Multipart upload of one PNG (field ``file``); options as form fields."""
         data = await form.file.read()
         if not data:
