@@ -49,7 +49,9 @@ def detector_score_fn(
 ) -> ScoreFn:
     """``x ↦ (log p̄(·|x), s(x))`` with autograd: ``k`` dropout passes (fresh masks per call from
     ``generator``), the detector's features from the same passes, ``s`` = ``score`` (default the
-    detector's flagging score, ``fused`` when fitted) from :meth:`Detector.scores`."""
+    detector's flagging score, ``fused`` when fitted) from :meth:`Detector.scores` with
+    ``smooth=True`` (the min-p-value rule's differentiable surrogate, logsumexp over interpolated
+    ``−log p_j``; the verdict that counts is the caller's exact score)."""
     name = score or detector.score
 
     def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,7 +63,7 @@ def detector_score_fn(
         finally:
             model.train(was_training)
         log_p = torch.log_softmax(logits.float(), dim=-1)
-        scores = detector.scores(log_p.exp(), features)
+        scores = detector.scores(log_p.exp(), features, smooth=True)
         return torch.logsumexp(log_p, dim=1) - math.log(k), scores[name]
 
     return fn

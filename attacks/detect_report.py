@@ -21,6 +21,7 @@ TABLE_SCORES = (
     "mahalanobis_penultimate",
     "neg_log_kde",
     "fused",
+    "fused_logistic",
 )
 SHORT = {
     "predictive_entropy": "H",
@@ -29,6 +30,7 @@ SHORT = {
     "mahalanobis_penultimate": "Maha pen.",
     "neg_log_kde": "−log KD",
     "fused": "fused",
+    "fused_logistic": "LR logit",
 }
 CSV_FIELDS = (
     "set",

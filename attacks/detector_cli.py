@@ -50,6 +50,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--shrinkage", type=float, default=None, help="fixed covariance shrinkage (Ledoit–Wolf)"
     )
     p.add_argument("--l2", type=float, default=d.l2, help="L2 penalty of the logistic fusion")
+    p.add_argument(
+        "--rule",
+        choices=("min-p", "logistic"),
+        default=d.rule,
+        help="the fused score: minimum conformal p-value (attack-free) or the logistic logit",
+    )
     p.add_argument("--target-fpr", type=float, default=d.target_fpr, help="clean FPR of thresholds")
     p.add_argument("--seed", type=int, default=d.seed, help="seed of masks, splits, subsamples")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="images per attack batch")
@@ -83,6 +89,7 @@ def cmd_fit_detector(args: argparse.Namespace) -> int:
         kde_dtype=args.kde_dtype,
         shrinkage=args.shrinkage,
         l2=args.l2,
+        rule=args.rule,
         target_fpr=args.target_fpr,
         seed=args.seed,
         batch_size=args.batch_size,
@@ -112,6 +119,7 @@ def detector_reference(directory: Path, weights_sha256: str) -> dict[str, str] |
 
 def store_detector(detector: Any, directory: Path) -> dict[str, Any]:
     """Save the detector, reference it from ``calibration.json`` if there is one; a summary."""
+    from bayesgate.models.detection.detector import rule_summary
     from bayesgate.models.detection.store import DETECTOR_JSON, save_detector
     from bayesgate.models.store.calibration import read_calibration, write_calibration
     from bayesgate.models.store.directory import CALIBRATION_FILE
@@ -132,6 +140,7 @@ def store_detector(detector: Any, directory: Path) -> dict[str, Any]:
         "shrinkage": fit.get("shrinkage"),
         "kde_bandwidth": detector.kde.bandwidth if detector.kde is not None else None,
         "fusion": None if detector.fusion is None else detector.fusion.to_json(),
+        "rule": rule_summary(detector),
         "validation_auroc": fit.get("auroc"),
         "realised_fpr": fit.get("realised_fpr"),
         "seconds": fit.get("seconds"),

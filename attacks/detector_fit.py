@@ -9,7 +9,10 @@ Data (never the test split):
      clean side (label 0) of the fusion; the first ``attack_images`` of it are attacked with every
      spec in ``attacks`` (default: FGS η ∈ {0.1, 0.2, 0.3} and the 40-step targeted attack, the
      attacks ``bayesgate calibrate`` uses) through the ``k_attack``-pass MC log-predictive, and the
-     *successful* adversarial examples (:mod:`bayesgate.attacks.run`) are the fusion's label 1;
+     *successful* adversarial examples (:mod:`bayesgate.attacks.run`) are the logistic fusion's
+     label 1; with ``rule="min-p"`` (default) the fit part's clean scores of the logit and of
+     predictive entropy are the reference of conformal p-values and ``fused`` is their minimum
+     (:data:`MIN_P_SCORES`; the logit stays as ``fused_logistic``);
    - *threshold* part (``threshold_images``, other clean images): every score's threshold at
      ``target_fpr`` (:func:`bayesgate.attacks.metrics.threshold_at_fpr`), and its realised FPR.
 
@@ -33,8 +36,10 @@ from bayesgate.attacks.metrics import auroc, flag_rate, threshold_at_fpr
 from bayesgate.attacks.run import run_attack
 from bayesgate.attacks.specs import DEFAULT_ATTACKS, parse_attacks
 from bayesgate.errors import InvalidArgument
+from bayesgate.models.detection.conformal import fit_conformal
 from bayesgate.models.detection.detector import (
     FUSED,
+    FUSED_LOGISTIC,
     Detector,
     collect_features,
     scores_numpy,
@@ -59,6 +64,7 @@ class FitSettings:
     kde_dtype: str = "float32"
     shrinkage: float | None = None
     l2: float = 1e-3
+    rule: str = "min-p"
     target_fpr: float = 0.05
     seed: int = 0
     batch_size: int = 100
@@ -77,6 +83,8 @@ class FitSettings:
             raise InvalidArgument(
                 f"target false-positive rate must be in (0, 1), got {self.target_fpr}"
             )
+        if self.rule not in RULES:
+            raise InvalidArgument(f"rule must be one of {', '.join(RULES)}, got {self.rule!r}")
         if self.l2 <= 0:
             raise InvalidArgument(f"l2 must be > 0, got {self.l2}")
 
@@ -138,11 +146,16 @@ def fit_detector(
     clean = {n: fit_clean[n] for n in names}
     transforms = tuple(transform_for(n) for n in names)
     detector.fusion = fit_fusion(clean, pooled, names, transforms, settings.l2)
+    if settings.rule == "min-p":
+        logit = scores_numpy_fused(detector, fit_clean)[FUSED]  # before the rule exists
+        detector.conformal = fit_conformal({**fit_clean, FUSED_LOGISTIC: logit}, MIN_P_SCORES)
 
     thr_clean = scores_numpy(detector, *run.collect(x_val[thr_rows], "validation (threshold part)"))
     detector.thresholds = {
         n: threshold_at_fpr(s, settings.target_fpr) for n, s in thr_clean.items()
     }
+    if detector.conformal is not None:
+        detector.thresholds[FUSED] = detector.conformal.gap_threshold(detector.thresholds[FUSED])
     adversarial = {key: scores_numpy_fused(detector, a) for key, a in adversarial.items()}
     detector.fit = _report(
         detector,
@@ -164,13 +177,25 @@ def fit_detector(
 
 
 KDE_LAYER = "penultimate"
+RULES = ("min-p", "logistic")
+"""``fused`` = the minimum conformal p-value of :data:`MIN_P_SCORES` against the fit part's clean
+scores (:mod:`bayesgate.models.detection.conformal`, the default), or the logistic logit."""
+MIN_P_SCORES = (FUSED_LOGISTIC, "predictive_entropy")
+""""Logistic OR entropy" with the FPR budget split by the minimum p-value: the logit keeps what it
+learnt from the seen attacks, entropy's evidence (which the logit, fitted on attacks the trunk
+distance separates, weights down) is never forgotten. See docs/detector.md for the comparison."""
 
 
 def scores_numpy_fused(detector: Detector, scores: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Add the fused score to score arrays computed before the fusion was fitted."""
+    """Add the fused score(s) to score arrays computed before the fusion was fitted."""
     assert detector.fusion is not None
     tensors = {n: torch.from_numpy(v) for n, v in scores.items()}
-    return {**scores, FUSED: detector.fusion.logit(tensors).numpy()}
+    if detector.conformal is not None:
+        tensors[FUSED_LOGISTIC] = detector.fusion.logit(tensors)
+        tensors[FUSED] = detector.conformal.score(tensors)
+    else:
+        tensors[FUSED] = detector.fusion.logit(tensors)
+    return {n: v.numpy() for n, v in tensors.items()}
 
 
 class _FitRun:

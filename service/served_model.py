@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from bayesgate.models.detection import Detector, load_detector
+from bayesgate.models.detection.detector import rule_summary
 from bayesgate.models.detection.store import DETECTOR_JSON
 from bayesgate.models.device import pick_device
 from bayesgate.models.mc.uncertainty import SCORES
@@ -147,6 +148,7 @@ def detector_summary(detector: Detector) -> dict[str, Any]:
         "scores": list(detector.score_names),
         "thresholds": dict(detector.thresholds),
         "fusion": None if detector.fusion is None else detector.fusion.to_json(),
+        "rule": rule_summary(detector),
         "kde_bandwidth": None if detector.kde is None else detector.kde.bandwidth,
         "shrinkage": {layer: g.shrinkage for layer, g in detector.gaussians.items()},
         "validation_auroc": fit.get("auroc"),

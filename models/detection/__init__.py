@@ -4,6 +4,7 @@
   2018);
 - :mod:`.kde` — per-class Gaussian kernel density of the last hidden layer (Feinman et al. 2017);
 - :mod:`.fusion` — logistic regression over standardised scores (Newton, L2);
+- :mod:`.conformal` — the attack-free rule: minimum conformal p-value against clean scores;
 - :mod:`.detector` — :class:`Detector`: every score from ``B×K×C`` probabilities + features;
 - :mod:`.fit` — fitting the statistics and thresholds from score arrays;
 - :mod:`.store` — ``detector.safetensors`` + ``detector.json`` beside the model.
@@ -15,6 +16,7 @@ fusion is trained on belongs to :mod:`bayesgate.attacks.detector_fit` (data flow
 
 from bayesgate.models.detection.detector import (
     FUSED,
+    FUSED_LOGISTIC,
     KDE_SCORE,
     Detector,
     collect_features,
@@ -26,6 +28,7 @@ from bayesgate.models.detection.store import load_detector, save_detector
 
 __all__ = [
     "FUSED",
+    "FUSED_LOGISTIC",
     "KDE_SCORE",
     "Detector",
     "collect_features",

@@ -8,14 +8,18 @@ score's threshold):
 - ``mahalanobis_<layer>`` = ``min_c d_c(f)`` and ``mahalanobis_<layer>_predicted`` = ``d_ŷ(f)`` for
   every feature layer (``trunk``, ``penultimate``; :mod:`.mahalanobis`), ``ŷ = argmax_c p̄_c``;
 - ``neg_log_kde`` = ``−log KD(f)`` of the predicted class in the last hidden layer (:mod:`.kde`);
-- ``fused`` = the logistic-regression logit over the standardised scores in
-  ``fusion.names`` (:mod:`.fusion`).
+- ``fused`` = the minimum-p-value rule over ``conformal.names`` when the detector has one
+  (:mod:`.conformal`: ``−log min_j p_j`` with conformal p-values against clean validation scores),
+  and then ``fused_logistic`` = the logistic-regression logit over the standardised scores in
+  ``fusion.names`` (:mod:`.fusion`); without ``conformal``, ``fused`` is that logit.
 
 API (for the service, the fitting command and the evaluation):
 
 - :meth:`Detector.scores` ``(probs B×K×C, features {layer: B×D})`` → ``{name: B}`` tensors, pure
-  torch and differentiable (an adaptive attack can take ``∇_x`` of ``scores(...)["fused"]``
-  through :func:`bayesgate.models.mc.engine.mc_logits_features`);
+  torch and differentiable (an adaptive attack can take ``∇_x`` of
+  ``scores(..., smooth=True)["fused"]`` through
+  :func:`bayesgate.models.mc.engine.mc_logits_features`; ``smooth`` swaps the exact min-p-value
+  score, a step function, for its differentiable surrogate :meth:`.ConformalFusion.smooth`);
 - :func:`score_images` — scores of a whole image set in batches (``mc_predict_features`` with a
   seeded generator) as float64 numpy arrays;
 - :meth:`Detector.flags` — ``score > threshold`` for every score with a threshold;
@@ -33,6 +37,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from bayesgate.models.detection.conformal import ConformalFusion
 from bayesgate.models.detection.fusion import LogisticFusion
 from bayesgate.models.detection.kde import ClassKDE
 from bayesgate.models.detection.mahalanobis import ClassGaussians
@@ -40,6 +45,7 @@ from bayesgate.models.mc.engine import mc_predict_features
 from bayesgate.models.mc.uncertainty import SCORES, predictive_mean
 
 FUSED = "fused"
+FUSED_LOGISTIC = "fused_logistic"
 KDE_SCORE = "neg_log_kde"
 UNCERTAINTY_SCORES: tuple[str, ...] = tuple(SCORES)
 
@@ -54,7 +60,8 @@ class Detector:
     """Fitted statistics of one model (tied to its weights by ``model_sha256``).
 
     ``gaussians``: layer → class Gaussians; ``kde`` on ``kde_layer``; ``fusion`` (``None`` before
-    the fusion is fitted); ``thresholds``: score name → threshold at ``target_fpr`` on clean
+    the fusion is fitted); ``conformal`` (``None``: ``fused`` is the logistic logit);
+    ``thresholds``: score name → threshold at ``target_fpr`` on clean
     validation images; ``k`` the MC samples the scores and thresholds were computed with;
     ``fit``: how it was fitted (data, bandwidth curve, AUROCs — JSON-ready).
     """
@@ -68,6 +75,7 @@ class Detector:
     target_fpr: float = 0.05
     thresholds: dict[str, float] = field(default_factory=dict)
     fit: dict[str, Any] = field(default_factory=dict)
+    conformal: ConformalFusion | None = None
 
     @property
     def score_names(self) -> tuple[str, ...]:
@@ -79,6 +87,8 @@ class Detector:
             names.append(KDE_SCORE)
         if self.fusion is not None:
             names.append(FUSED)
+            if self.conformal is not None:
+                names.append(FUSED_LOGISTIC)
         return tuple(names)
 
     @property
@@ -97,11 +107,14 @@ class Detector:
         probs: torch.Tensor,
         features: Mapping[str, torch.Tensor],
         uncertainty: Mapping[str, torch.Tensor] | None = None,
+        *,
+        smooth: bool = False,
     ) -> dict[str, torch.Tensor]:
         """Every score of :attr:`score_names` (``B`` each) from ``B×K×C`` probs and features.
 
         ``uncertainty``: the MC uncertainty scores when the caller has them already (the service
-        does), else they are computed from ``probs``.
+        does), else they are computed from ``probs``. ``smooth``: ``fused`` is the
+        min-p-value rule's differentiable surrogate (for attacks), not the exact score.
         """
         out = dict(uncertainty) if uncertainty is not None else {}
         out.update({name: fn(probs) for name, fn in SCORES.items() if name not in out})
@@ -113,11 +126,24 @@ class Detector:
             out[KDE_SCORE] = -self.kde.log_density(_layer(features, self.kde_layer), predicted)
         if self.fusion is not None:
             out[FUSED] = self.fusion.logit(out)
+        if self.conformal is not None:
+            out[FUSED_LOGISTIC] = out.pop(FUSED)
+            fuse = self.conformal.smooth if smooth else self.conformal.score
+            out[FUSED] = fuse(out)
         return out
 
     def flags(self, scores: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``score > threshold`` (bool ``B``) for every score that has a threshold."""
         return {n: scores[n] > t for n, t in self.thresholds.items() if n in scores}
+
+
+def rule_summary(detector: Detector) -> dict[str, Any]:
+    """How ``fused`` is made, for reports: ``min_p_value`` over its names, or ``logistic``."""
+    if detector.conformal is not None:
+        rule = detector.conformal
+        sizes = {n: len(r) for n, r in zip(rule.names, rule.reference, strict=True)}
+        return {"rule": "min_p_value", "names": list(rule.names), "reference_sizes": sizes}
+    return {"rule": "logistic" if detector.fusion is not None else None}
 
 
 def _layer(features: Mapping[str, torch.Tensor], layer: str) -> torch.Tensor:

@@ -5,7 +5,8 @@
 (``C+1``) — in the canonical form of :func:`bayesgate.models.store.directory.canonical_safetensors`.
 ``detector.json`` holds everything else: the format, the model's weights sha256, K, the target
 FPR, shrinkage per layer, the KDE bandwidth and layer, the fusion's names, transforms,
-standardisation and coefficients, the thresholds of every score, the fit report, and the sha256 of
+standardisation and coefficients, the min-p-value rule's names and sorted clean reference scores
+(``conformal``, optional), the thresholds of every score, the fit report, and the sha256 of
 the safetensors file (checked on load). JSON floats are written with ``repr`` precision, so a
 save/load round trip is bit-exact; nothing is ever pickled.
 """
@@ -22,6 +23,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
+from bayesgate.models.detection.conformal import ConformalFusion
 from bayesgate.models.detection.detector import Detector
 from bayesgate.models.detection.fusion import LogisticFusion
 from bayesgate.models.detection.kde import ClassKDE
@@ -107,6 +109,7 @@ def _metadata(detector: Detector, statistics_sha256: str) -> dict[str, Any]:
             "dtype": str(detector.kde.samples.dtype).removeprefix("torch."),
         },
         "fusion": None if detector.fusion is None else detector.fusion.to_json(),
+        "conformal": None if detector.conformal is None else detector.conformal.to_json(),
         "thresholds": dict(detector.thresholds),
         "fit": detector.fit,
     }
@@ -142,6 +145,8 @@ def _detector(meta: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Detecto
     if kde_meta is not None:
         kde = ClassKDE(tensors["kde.samples"], tensors["kde.offsets"], float(kde_meta["bandwidth"]))
     fusion = None if meta.get("fusion") is None else LogisticFusion.from_json(meta["fusion"])
+    conformal_meta = meta.get("conformal")
+    conformal = None if conformal_meta is None else ConformalFusion.from_json(conformal_meta)
     return Detector(
         model_sha256=str(meta["model_sha256"]),
         k=int(meta["k"]),
@@ -149,6 +154,7 @@ def _detector(meta: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Detecto
         kde=kde,
         kde_layer=str(kde_meta["layer"]) if kde_meta else "penultimate",
         fusion=fusion,
+        conformal=conformal,
         target_fpr=float(meta["target_fpr"]),
         thresholds={str(n): float(t) for n, t in meta["thresholds"].items()},
         fit=dict(meta.get("fit") or {}),

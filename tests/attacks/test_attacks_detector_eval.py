@@ -125,13 +125,21 @@ def test_adaptive_lowers_the_fused_score_below_plain_pgd(detector_dir: Path) -> 
 
 def test_detector_score_fn_matches_the_detectors_own_scores(detector_dir: Path) -> None:
     """The differentiable path the attack uses gives the same fused score as ``score_images``
-    when both draw the same masks (K passes from generators with equal seeds)."""
+    when both draw the same masks (K passes from generators with equal seeds): the min-p rule's
+    smooth surrogate of the same component scores, and the logistic logit exactly."""
     loaded, det = load_model(detector_dir), load_detector(detector_dir)
+    assert det.conformal is not None
     x, _ = load_mnist("test", limit=7)
     fn = detector_score_fn(loaded.network, det, 20, generator=torch.Generator().manual_seed(11))
     _, fused = fn(x)
-    reference = score_images(det, loaded.network, x, k=20, seed=11)["fused"]
-    assert np.allclose(fused.detach().double().numpy(), reference, atol=1e-4)
+    scores = score_images(det, loaded.network, x, k=20, seed=11)
+    parts = {n: torch.from_numpy(scores[n]) for n in det.conformal.names}
+    reference = det.conformal.smooth(parts).numpy()
+    assert np.allclose(fused.detach().double().numpy(), reference, atol=1e-3)
+    logit = detector_score_fn(
+        loaded.network, det, 20, score="fused_logistic", generator=torch.Generator().manual_seed(11)
+    )(x)[1]
+    assert np.allclose(logit.detach().double().numpy(), scores["fused_logistic"], atol=1e-4)
 
 
 def test_evaluate_adaptive_rows(detector_dir: Path, tmp_path: Path) -> None:
