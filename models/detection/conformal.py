@@ -88,9 +88,7 @@ class ConformalFusion:
 
     def levels(self) -> np.ndarray:
         """Every value :meth:`score` can take, ``−log((1 + c)/(n_j + 1))``, sorted, unique."""
-        values = [
-            -np.log((1.0 + np.arange(len(r) + 1)) / (len(r) + 1.0)) for r in self.reference
-        ]
+        values = [-np.log((1.0 + np.arange(len(r) + 1)) / (len(r) + 1.0)) for r in self.reference]
         return np.unique(np.concatenate(values))
 
     def gap_threshold(self, threshold: float) -> float:
