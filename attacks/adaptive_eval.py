@@ -18,6 +18,7 @@ attack's), among the *eligible* test digits (clean prediction right):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
@@ -173,7 +174,10 @@ class _AdaptiveRun(DetectorRun):
         self, attack: AdaptivePGD, x: torch.Tensor, y: torch.Tensor, name: str
     ) -> tuple[torch.Tensor, np.ndarray]:
         """Adversarial images and the attacker's own 'found' flags (cached as ``.npz``)."""
-        path = self.cache / _cache_name(attack, x.shape[0], self.k_attack, self.settings.seed)
+        name_ = _cache_name(attack, x.shape[0], self.k_attack, self.settings.seed)
+        if attack.weight > 0:  # the images depend on the detector the attack descends
+            name_ = f"{name_.removesuffix('.npz')}-det{_detector_tag(self.detector)}.npz"
+        path = self.cache / name_
         if path.is_file():
             with np.load(path, allow_pickle=False) as data:
                 return torch.from_numpy(data["x_adv"]), data["found"]
@@ -202,6 +206,18 @@ class _AdaptiveRun(DetectorRun):
         np.savez_compressed(tmp, x_adv=x_adv.numpy(), found=found_arr)
         tmp.replace(path)
         return x_adv, found_arr
+
+
+def _detector_tag(detector: Detector) -> str:
+    """12 hex digits of the sha256 of what defines the flagging score: the logistic fusion, the
+    min-p rule and the thresholds."""
+    spec = {
+        "fusion": None if detector.fusion is None else detector.fusion.to_json(),
+        "conformal": None if detector.conformal is None else detector.conformal.to_json(),
+        "thresholds": detector.thresholds,
+        "score": detector.score,
+    }
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def _cache_name(attack: AdaptivePGD, n: int, k_attack: int, seed: int) -> str:

@@ -159,7 +159,9 @@ class InstancePrediction(BaseModel):
         description="every score by name, higher = more suspicious: predictive_entropy, "
         "mutual_information, variation_ratio and, with a fused detector, mahalanobis_<layer> "
         "(closest class), mahalanobis_<layer>_predicted, neg_log_kde (−log kernel density of the "
-        "predicted class) and fused (the logistic-regression logit)"
+        "predicted class), fused_logistic (the logistic-regression logit) and fused (−log of the "
+        "minimum conformal p-value of fused_logistic and predictive_entropy; the logit itself for "
+        "a detector fitted with --rule logistic)"
     )
     samples: list[list[float]] | None = Field(None, description="K×C probabilities if asked")
 
