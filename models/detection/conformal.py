@@ -96,10 +96,14 @@ class ConformalFusion:
 
         ``score > t`` and ``score > gap_threshold(t)`` flag the same inputs in exact arithmetic
         (no score lies between), but the midpoint is immune to the last-bit differences between
-        a float64 threshold and a float32 score at the same p-value."""
+        a float64 threshold and a float32 score at the same p-value. A ``threshold`` within
+        ``10⁻⁶`` (relative) of a level is taken as that level (a float32 score's rounding)."""
         levels = self.levels()
-        above = levels[levels > threshold + 1e-9]
-        return float(threshold if above.size == 0 else (threshold + above[0]) / 2)
+        tol = 1e-6 * max(1.0, abs(threshold))  # a level computed in float32 is within this
+        i = int(np.searchsorted(levels, threshold - tol))  # the level ``threshold`` rounds to
+        if i < levels.size and abs(levels[i] - threshold) <= tol:
+            threshold, i = float(levels[i]), i + 1
+        return float(threshold if i >= levels.size else (threshold + levels[i]) / 2)
 
     def _reference(self, j: int, like: torch.Tensor) -> torch.Tensor:
         key = (j, like.dtype, like.device)

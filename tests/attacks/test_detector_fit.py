@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bayesgate.attacks.metrics import threshold_at_fpr
+from bayesgate.attacks.metrics import flag_rate, threshold_at_fpr
 from bayesgate.cli import main
 from bayesgate.models.data.mnist import load_mnist
 from bayesgate.models.detection import FUSED, load_detector, score_images
@@ -53,7 +53,13 @@ def test_fit_detector_end_to_end(model_copy: Path, capsys: pytest.CaptureFixture
     scores = score_images(detector, loaded.network, held_out, k=5, seed=0, batch_size=500)
     assert set(scores) == set(detector.thresholds) == set(detector.score_names)
     for name, values in scores.items():
-        assert detector.thresholds[name] == threshold_at_fpr(values, 0.05)
+        t = threshold_at_fpr(values, 0.05)
+        if name == FUSED:  # min-p: the midpoint before the next attainable value
+            assert detector.conformal is not None
+            assert detector.thresholds[name] == detector.conformal.gap_threshold(t) > t
+            assert flag_rate(values, detector.thresholds[name]) == flag_rate(values, t)
+        else:
+            assert detector.thresholds[name] == t
         assert fit["realised_fpr"][name] <= 0.05
 
     # re-calibrating keeps serving the fitted detector

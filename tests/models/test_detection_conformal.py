@@ -77,6 +77,9 @@ def test_gap_threshold_flags_the_same_inputs_in_float32_and_float64() -> None:
     assert t < gap and not np.any((exact > t) & (exact <= gap))  # no score in between
     single = rule.score({n: torch.from_numpy(v).float() for n, v in held_out.items()}).numpy()
     np.testing.assert_array_equal(single > gap, exact > t)
+    # a threshold taken from float32 scores (the level's rounding) gives the same midpoint
+    t32 = threshold_at_fpr(single.astype(np.float64), 0.05)
+    assert t32 != t and rule.gap_threshold(t32) == gap
     levels = rule.levels()
     assert np.all(np.isin(np.round(exact, 12), np.round(levels, 12)))
 
