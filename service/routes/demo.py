@@ -15,9 +15,10 @@ seed, exactly as ``/v1/predict`` would.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from functools import cache
 from importlib import resources
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import torch
 from fastapi import APIRouter, Depends, Request
@@ -46,6 +47,8 @@ from bayesgate.service.request_body import parse_json
 from bayesgate.service.schemas import MAX_SEED, InstancePrediction, ModelRef, error_responses
 from bayesgate.service.served_model import ServedModel
 from bayesgate.service.settings import Settings
+
+T = TypeVar("T")
 
 page_router = APIRouter(include_in_schema=False)
 router = APIRouter(tags=["demo"])
@@ -190,6 +193,25 @@ class AttackSlots:
         self.network = AttackNetwork()
 
 
+async def finish_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)`` in a worker thread, awaited so that cancelling the request (the
+    client hung up) still waits for the thread to end before the cancellation propagates.
+
+    A thread cannot be stopped, so releasing the attack slot at cancellation would let a new
+    attack start beside one still running: the slot stays taken until the CPU work is over.
+    """
+    task = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kwargs))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        while not task.done():
+            try:
+                await asyncio.wait([task])
+            except asyncio.CancelledError:
+                continue
+        raise
+
+
 async def demo_enabled(request: Request, settings: SettingsDep) -> AttackSlots:
     """404 unless the demo is on; the attack slots (made on first use)."""
     if not settings.demo:
@@ -253,8 +275,8 @@ async def attack(
         )
     async with slots.semaphore:
         original = await _answer(worker, x, k, req.seed, settings)
-        network = await asyncio.to_thread(slots.network.for_model, served)
-        advs = await asyncio.to_thread(
+        network = await finish_thread(slots.network.for_model, served)
+        advs = await finish_thread(
             run_attacks,
             network,
             x,

@@ -267,6 +267,46 @@ async def test_a_second_attack_is_503_at_once_and_predictions_still_flow(
         assert (await client.post("/v1/attack", json=body(x, etas=[0.1]))).status_code == 200
 
 
+async def test_a_hung_up_attack_keeps_its_slot_until_its_thread_ends(
+    serving: Callable[[Settings], Any],
+    make_settings: Callable[..., Settings],
+    mnist_test: tuple[torch.Tensor, torch.Tensor],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A client that hangs up cancels its request, but the attack thread runs on: a second
+    attack must still be refused until that thread is done (one attack slot, one CPU job)."""
+    started, release, ended = threading.Event(), threading.Event(), threading.Event()
+    real = demo.run_attacks
+
+    def held(*args: Any, **kwargs: Any) -> list[torch.Tensor]:
+        started.set()
+        release.wait(30)
+        try:
+            return real(*args, **kwargs)
+        finally:
+            ended.set()
+
+    monkeypatch.setattr(demo, "run_attacks", held)
+    x = mnist_test[0][0]
+    async with serving(make_settings(demo=True, demo_attack_concurrency=1)) as (_, client):
+        first = asyncio.create_task(client.post("/v1/attack", json=body(x, etas=[0.1])))
+        while not started.is_set():
+            await asyncio.sleep(0.01)
+        first.cancel()  # the client hangs up while its attack runs
+        await asyncio.sleep(0.05)
+        busy = await client.post("/v1/attack", json=body(x, etas=[0.1]))
+        assert busy.status_code == 503 and busy.json()["code"] == "attack_busy"
+        release.set()
+        while not ended.is_set():
+            await asyncio.sleep(0.01)
+        for _ in range(100):  # the slot is freed once the cancelled request unwinds
+            if first.done():
+                break
+            await asyncio.sleep(0.01)
+        assert first.cancelled() or first.done()
+        assert (await client.post("/v1/attack", json=body(x, etas=[0.1]))).status_code == 200
+
+
 def test_page_message_names_the_url() -> None:
     settings = Settings(host="0.0.0.0", port=8123)
     assert page_message(settings).startswith("bayesgate: page at http://localhost:8123/")
