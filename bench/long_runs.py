@@ -1,0 +1,266 @@
+"""Start, watch and stop the project's long training runs (issues 17 and 21), across sittings.
+
+Every run is an ordinary ``bayesgate train … --resume`` whose checkpoint lives outside the work
+tree (``~/.cache/bayesgate/checkpoints/NAME``), so running ``start`` again after a reboot or a
+killed session continues each unfinished run after its last finished epoch, and a finished run
+is a no-op. The command of each run is fixed here: ``--resume`` refuses other settings.
+
+    python bench/long_runs.py status                 # epoch, val accuracy/LL, running or not
+    python bench/long_runs.py start [NAME …]         # nice 19, one thread each, in the background
+    python bench/long_runs.py stop [NAME …]          # SIGTERM: finished epochs are kept
+    python bench/long_runs.py curves OUT_DIR [NAME …]  # history.jsonl copies + a PNG of the curves
+
+``start`` runs the ``bayesgate`` next to this Python (your venv) with ``BAYESGATE_DATA_DIR`` from
+the environment; output is appended to ``NAME/train.log``. Starting the same run twice is refused
+while its pid is alive.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "bayesgate"
+
+
+@dataclass(frozen=True)
+class Run:
+    """One long run: its name and its ``bayesgate train`` flags (without the bookkeeping ones)."""
+
+    name: str
+    flags: tuple[str, ...]
+    issue: int
+
+    @property
+    def checkpoint(self) -> Path:
+        return CACHE / "checkpoints" / self.name
+
+    @property
+    def out(self) -> Path:
+        return CACHE / "runs" / self.name
+
+    def argv(self, bayesgate: str) -> list[str]:
+        """The full command: the run's flags plus name, checkpoint, output and ``--resume``."""
+        ckpt = self.checkpoint
+        return [
+            bayesgate, "train", *self.flags, "--threads", "1", "--device", "cpu",
+            "--name", self.name, "--checkpoint-dir", str(ckpt), "--out", str(self.out), "--resume",
+        ]  # fmt: skip
+
+
+def _mlp(alpha: str) -> Run:
+    flags = ("--preset", "mlp-3x1000", "--alpha", alpha, "--k-train", "10", "--epochs", "100")
+    return Run(f"mlp-3x1000-alpha{alpha}-long", (*flags, "--no-progress"), 17)
+
+
+def _cnn(alpha: str) -> Run:
+    flags = ("--preset", "cnn", "--alpha", alpha, "--k-train", "10", "--epochs", "100")
+    return Run(f"cnn-alpha{alpha}-long", (*flags, "--no-progress"), 17)
+
+
+ROBUST = Run(
+    "cnn-wide-robust",
+    (
+        "--preset", "cnn-wide", "--alpha", "0.5", "--k-train", "10", "--k-val", "10",
+        "--epochs", "100", "--batch-size", "128", "--optimizer", "adam", "--lr", "1e-3",
+        "--adversarial", "pgd", "--eps", "0.3", "--attack-steps", "7", "--eps-ramp-epochs", "2",
+        "--monitor-size", "500",
+        "--epoch-log", str(CACHE / "checkpoints" / "cnn-wide-robust" / "epochs.jsonl"),
+    ),
+    21,
+)  # fmt: skip
+
+RUNS: dict[str, Run] = {
+    run.name: run
+    for run in (
+        ROBUST,
+        _mlp("0.5"),
+        Run(
+            "mlp-3x1000-det-long",
+            ("--preset", "mlp-3x1000-det", "--k-train", "1", "--epochs", "100", "--no-progress"),
+            17,
+        ),
+        _mlp("0"),
+        _mlp("1"),
+        _cnn("0"),
+        _cnn("1"),
+        Run(
+            "cnn-det-long",
+            ("--preset", "cnn-det", "--k-train", "1", "--epochs", "100", "--no-progress"),
+            17,
+        ),
+    )
+}
+
+
+def history(run: Run) -> list[dict[str, float]]:
+    """The finished epochs of a run (its checkpoint's ``history.jsonl``, with the robust monitor's
+    columns from ``epochs.jsonl`` where the run writes one), oldest first."""
+    rows = _jsonl(run.checkpoint / "history.jsonl")
+    extra = {r["epoch"]: r for r in _jsonl(run.checkpoint / "epochs.jsonl")}  # --epoch-log
+    return [{**extra.get(r["epoch"], {}), **r} for r in rows]
+
+
+def _jsonl(path: Path) -> list[dict[str, float]]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def pid_alive(run: Run) -> int | None:
+    """The pid in ``NAME/pid`` if that process still runs this training, else ``None``."""
+    try:
+        pid = int((run.checkpoint / "pid").read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError):
+        return None
+    return pid if run.name.encode() in cmdline else None
+
+
+def total_epochs(run: Run) -> int:
+    """The ``--epochs`` the run was configured with."""
+    return int(run.flags[run.flags.index("--epochs") + 1])
+
+
+def status_rows(runs: list[Run]) -> list[dict[str, object]]:
+    """One row per run: epochs done of total, the last validation numbers, running or not."""
+    rows = []
+    for run in runs:
+        done = history(run)
+        last = done[-1] if done else {}
+        best = max(done, key=lambda r: r["val_log_likelihood"]) if done else {}
+        rows.append(
+            {
+                "run": run.name,
+                "issue": run.issue,
+                "epochs": f"{len(done)}/{total_epochs(run)}",
+                "val_acc": last.get("val_accuracy"),
+                "val_ll": last.get("val_log_likelihood"),
+                "best_ll_epoch": best.get("epoch"),
+                "robust_acc": last.get("monitor_robust_acc"),
+                "last_epoch_s": last.get("seconds"),
+                "running": pid_alive(run) is not None,
+            }
+        )
+    return rows
+
+
+def _fmt(value: object) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.4f}" if abs(value) < 10 else f"{value:.0f}"
+    return str(value)
+
+
+def print_status(runs: list[Run]) -> None:
+    rows = status_rows(runs)
+    keys = list(rows[0])
+    widths = [max(len(k), *(len(_fmt(r[k])) for r in rows)) for k in keys]
+    print("  ".join(k.ljust(w) for k, w in zip(keys, widths, strict=True)))
+    for row in rows:
+        print("  ".join(_fmt(row[k]).ljust(w) for k, w in zip(keys, widths, strict=True)))
+
+
+def start(runs: list[Run]) -> int:
+    """Start each run not already running and not finished, at ``nice 19`` with one thread."""
+    bayesgate = str(Path(sys.executable).with_name("bayesgate"))
+    if not Path(bayesgate).exists():
+        print(f"long_runs: no bayesgate next to {sys.executable}", file=sys.stderr)
+        return 2
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for run in runs:
+        if (pid := pid_alive(run)) is not None:
+            print(f"{run.name}: already running (pid {pid})")
+            continue
+        if len(history(run)) >= total_epochs(run):
+            print(f"{run.name}: finished ({total_epochs(run)} epochs); model in {run.out}")
+            continue
+        run.checkpoint.mkdir(parents=True, exist_ok=True)
+        with open(run.checkpoint / "train.log", "ab") as log:
+            proc = subprocess.Popen(
+                ["nice", "-n", "19", *run.argv(bayesgate)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+        (run.checkpoint / "pid").write_text(f"{proc.pid}\n")
+        print(f"{run.name}: started (pid {proc.pid}), log {run.checkpoint / 'train.log'}")
+    return 0
+
+
+def stop(runs: list[Run]) -> int:
+    for run in runs:
+        if (pid := pid_alive(run)) is None:
+            print(f"{run.name}: not running")
+            continue
+        os.kill(pid, signal.SIGTERM)
+        print(f"{run.name}: SIGTERM sent to {pid} (the unfinished epoch is lost)")
+    return 0
+
+
+def curves(out: Path, runs: list[Run]) -> int:
+    """Copy each run's ``history.jsonl`` to ``OUT/NAME.jsonl`` and plot validation accuracy and
+    log-likelihood per epoch into ``OUT/long-runs.png``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    fig, (acc_ax, ll_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    for run in runs:
+        rows = history(run)
+        if not rows:
+            continue
+        shutil.copyfile(run.checkpoint / "history.jsonl", out / f"{run.name}.jsonl")
+        epochs = [r["epoch"] for r in rows]
+        acc_ax.plot(epochs, [100 * r["val_accuracy"] for r in rows], marker=".", label=run.name)
+        ll_ax.plot(epochs, [r["val_log_likelihood"] for r in rows], marker=".", label=run.name)
+    acc_ax.set(xlabel="epoch", ylabel="validation accuracy (%)", title="accuracy")
+    ll_ax.set(xlabel="epoch", ylabel="validation log-likelihood", title="test-style LL")
+    acc_ax.legend(fontsize=7)
+    for ax in (acc_ax, ll_ax):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "long-runs.png", dpi=110)
+    print(f"wrote {out / 'long-runs.png'}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=("status", "start", "stop", "curves"))
+    parser.add_argument("args", nargs="*", help="curves: OUT_DIR first; then run names (all)")
+    args = parser.parse_args(argv)
+    rest = list(args.args)
+    out = Path(rest.pop(0)) if args.command == "curves" and rest else None
+    unknown = [n for n in rest if n not in RUNS]
+    if unknown:
+        print(f"long_runs: unknown run(s) {unknown}; known: {sorted(RUNS)}", file=sys.stderr)
+        return 2
+    runs = [RUNS[n] for n in rest] or list(RUNS.values())
+    if args.command == "status":
+        print_status(runs)
+        return 0
+    if args.command == "start":
+        return start(runs)
+    if args.command == "stop":
+        return stop(runs)
+    if out is None:
+        print("long_runs: curves needs an output directory", file=sys.stderr)
+        return 2
+    return curves(out, runs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""bench/long_runs.py: every registered run is a valid resumable ``bayesgate train`` command, and
+``status`` reads a checkpoint's history as the trainer writes it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from bayesgate.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_long_runs() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("long_runs", ROOT / "bench" / "long_runs.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["long_runs"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_run_parses_as_a_resumable_train_command(private_user_cache: Path) -> None:
+    long_runs = load_long_runs()
+    for run in long_runs.RUNS.values():
+        args = build_parser().parse_args(run.argv("bayesgate")[1:])
+        assert args.command == "train" and args.resume and args.threads == 1
+        assert args.name == run.name
+        assert Path(args.checkpoint_dir) == private_user_cache / "bayesgate/checkpoints" / run.name
+        assert args.epochs == long_runs.total_epochs(run)
+
+
+def test_status_reads_the_history_and_start_skips_finished_runs(
+    private_user_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    long_runs = load_long_runs()
+    run = long_runs.RUNS["mlp-3x1000-det-long"]
+    run.checkpoint.mkdir(parents=True)
+    rows = [
+        {"epoch": e, "val_accuracy": a, "val_log_likelihood": ll, "seconds": 40.0}
+        for e, a, ll in [(1, 0.95, -0.2), (2, 0.97, -0.1), (3, 0.975, -0.12)]
+    ]
+    (run.checkpoint / "history.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monitor = {"epoch": 3, "monitor_robust_acc": 0.25, "val_accuracy": 0.1}  # the epoch log's
+    (run.checkpoint / "epochs.jsonl").write_text(json.dumps(monitor) + "\n")
+    (row,) = long_runs.status_rows([run])
+    assert row["epochs"] == "3/100" and row["val_acc"] == 0.975  # history wins where both say
+    assert row["robust_acc"] == 0.25
+    assert row["best_ll_epoch"] == 2 and row["running"] is False
+    (run.checkpoint / "pid").write_text("1\n")  # pid 1 is not this training
+    assert long_runs.pid_alive(run) is None
+    done = [dict(rows[0], epoch=e) for e in range(1, 101)]
+    (run.checkpoint / "history.jsonl").write_text("".join(json.dumps(r) + "\n" for r in done))
+    assert long_runs.main(["start", run.name]) == 0
+    assert "finished (100 epochs)" in capsys.readouterr().out
+    assert long_runs.main(["start", "no-such-run"]) == 2
+    assert long_runs.main(["curves", str(private_user_cache / "curves"), run.name]) == 0
+    assert (private_user_cache / "curves" / "long-runs.png").stat().st_size > 1000
+    assert (private_user_cache / "curves" / f"{run.name}.jsonl").read_text().count("\n") == 100
