@@ -27,12 +27,20 @@ def load_long_runs() -> ModuleType:
 
 def test_every_run_parses_as_a_resumable_train_command(private_user_cache: Path) -> None:
     long_runs = load_long_runs()
+    kinds = set()
     for run in long_runs.RUNS.values():
         args = build_parser().parse_args(run.argv("bayesgate")[1:])
-        assert args.command == "train" and args.resume and args.threads == 1
-        assert args.name == run.name
-        assert Path(args.checkpoint_dir) == private_user_cache / "bayesgate/checkpoints" / run.name
-        assert args.epochs == long_runs.total_epochs(run)
+        kinds.add(args.command)
+        assert args.command == run.command and args.resume and args.threads == 1
+        assert Path(args.out).is_relative_to(private_user_cache / "bayesgate")
+        if run.command == "train":
+            assert args.name == run.name and args.epochs == run.total
+            assert (
+                Path(args.checkpoint_dir) == private_user_cache / "bayesgate/checkpoints" / run.name
+            )
+        else:
+            assert args.learn_tau and args.splits == run.total and args.alpha == [0.5]
+    assert kinds == {"train", "uci"}
 
 
 def test_status_reads_the_history_and_start_skips_finished_runs(
@@ -49,7 +57,7 @@ def test_status_reads_the_history_and_start_skips_finished_runs(
     monitor = {"epoch": 3, "monitor_robust_acc": 0.25, "val_accuracy": 0.1}  # the epoch log's
     (run.checkpoint / "epochs.jsonl").write_text(json.dumps(monitor) + "\n")
     (row,) = long_runs.status_rows([run])
-    assert row["epochs"] == "3/100" and row["val_acc"] == 0.975  # history wins where both say
+    assert row["done"] == "3/100" and row["val_acc"] == 0.975  # history wins where both say
     assert row["robust_acc"] == 0.25
     assert row["best_ll_epoch"] == 2 and row["running"] is False
     (run.checkpoint / "pid").write_text("1\n")  # pid 1 is not this training
@@ -62,3 +70,15 @@ def test_status_reads_the_history_and_start_skips_finished_runs(
     assert long_runs.main(["curves", str(private_user_cache / "curves"), run.name]) == 0
     assert (private_user_cache / "curves" / "long-runs.png").stat().st_size > 1000
     assert (private_user_cache / "curves" / f"{run.name}.jsonl").read_text().count("\n") == 100
+
+
+def test_uci_progress_counts_finished_splits(private_user_cache: Path) -> None:
+    long_runs = load_long_runs()
+    run = long_runs.RUNS["uci-yacht-learned-tau"]
+    assert long_runs.progress(run) == 0 and run.total == 20
+    run.out.mkdir(parents=True)
+    header = "dataset,split,alpha,dropout,tau\n"
+    rows = "".join(f"yacht,{split},0.5,0.01,2.0\n" for split in (0, 1, 2))
+    (run.out / "results.csv").write_text(header + rows)
+    assert long_runs.progress(run) == 3
+    assert long_runs.status_rows([run])[0]["done"] == "3/20"
