@@ -98,8 +98,8 @@ def v2_binary(images: torch.Tensor, k: int, model: str) -> tuple[Protocol, list[
         bodies.append(header + raw)
         lengths.append(len(header))
     protocol = Protocol(
-        "/v2 binary", f"/v2/models/{model}/infer", "application/octet-stream", tuple(lengths)
-    )
+        "/v2 binary", f"/v2/models/{model}/infer", "", tuple(lengths)
+    )  # no Content-Type: what tritonclient.http sends
     return protocol, bodies
 
 

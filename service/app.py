@@ -31,6 +31,7 @@ from bayesgate.service.errors import (
     StartupError,
     install_error_handlers,
 )
+from bayesgate.service.inference_protocol import infer_request_model
 from bayesgate.service.logs import configure_logging
 from bayesgate.service.metrics import Metrics
 from bayesgate.service.middleware import (
@@ -39,6 +40,7 @@ from bayesgate.service.middleware import (
     StartupMessageMiddleware,
 )
 from bayesgate.service.routes import api_routers, route_methods, route_templates
+from bayesgate.service.routes.v2_infer import InferEndpoint, InferShortcut
 from bayesgate.service.served_model import ServedModel, load_served_model
 from bayesgate.service.settings import Settings
 from bayesgate.service.shutdown import install_drain_handler
@@ -242,7 +244,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 def add_middleware(
     app: FastAPI, settings: Settings, metrics: Metrics, templates: list[str]
 ) -> None:
-    """Body limit (innermost), one-line start-up failures, request context (outermost)."""
+    """The ``/v2`` infer shortcut (innermost), body limit, one-line start-up failures, request
+    context (outermost)."""
+    app.add_middleware(InferShortcut, endpoint=InferEndpoint(infer_request_model(settings)))
     app.add_middleware(
         BodyLimitMiddleware,
         max_body_bytes=settings.max_body_bytes,

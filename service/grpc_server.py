@@ -25,7 +25,6 @@ from typing import Any
 
 import grpc
 import numpy as np
-from pydantic import ValidationError
 from tritonclient.grpc import model_config_pb2 as config_pb
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
@@ -39,15 +38,14 @@ from bayesgate.service.errors import (
     NotReady,
     QueueFull,
     ServiceError,
-    describe_validation_errors,
 )
 from bayesgate.service.inference_protocol import (
-    InferRequest,
     infer_request_model,
     infer_response,
     model_config,
     model_metadata,
     parse_infer_request,
+    validated,
 )
 from bayesgate.service.oip_binary import DTYPES
 from bayesgate.service.served_model import ServedModel
@@ -117,15 +115,6 @@ def request_payload(request: Any) -> tuple[dict[str, Any], memoryview]:
     if request.outputs:
         payload["outputs"] = [{"name": o.name} for o in request.outputs]
     return payload, memoryview(raw[0] if raw else b"")
-
-
-def validated(model: type[InferRequest], payload: dict[str, Any]) -> InferRequest:
-    """``payload`` as ``model``; :class:`InvalidInput` with the ``/v2`` message otherwise."""
-    try:
-        return model.model_validate(payload)
-    except ValidationError as exc:
-        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
-        raise InvalidInput(describe_validation_errors(errors)) from None
 
 
 def infer_reply(body: dict[str, Any]) -> Any:

@@ -51,13 +51,22 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
-from bayesgate.service.errors import InvalidInput
+from bayesgate.service.errors import InvalidInput, describe_validation_errors
 from bayesgate.service.inputs import check_values, kind_text
-from bayesgate.service.oip_binary import check_consumed, tensor_from_bytes
+from bayesgate.service.oip_binary import check_consumed, split_body, tensor_from_bytes
 from bayesgate.service.prediction import Prediction
+from bayesgate.service.request_body import parse_json
 from bayesgate.service.schemas import MAX_SEED
 from bayesgate.service.served_model import ServedModel
 from bayesgate.service.settings import Settings
@@ -404,6 +413,33 @@ def parse_infer_request(
         outputs,
         _binary_outputs(request, outputs, bool(parameters.binary_data_output)),
     )
+
+
+def validated(model: type[InferRequest], payload: Any) -> InferRequest:
+    """``payload`` (parsed JSON) as ``model``; :class:`InvalidInput` naming the fields otherwise
+    (the messages FastAPI's validation of the body gave)."""
+    try:
+        return model.model_validate(payload)
+    except ValidationError as exc:
+        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
+        raise InvalidInput(describe_validation_errors(errors)) from None
+
+
+def decode_infer(
+    body: bytes,
+    header_length: str | None,
+    model: type[InferRequest],
+    served: ServedModel,
+    max_instances: int,
+) -> ParsedInfer:
+    """A whole ``/v2`` infer body → :class:`ParsedInfer`: split off the binary part
+    (``Inference-Header-Content-Length``), parse the JSON header (orjson), validate it as
+    ``model`` and check the tensor against the card. Pure CPU work on bytes, so it can run in a
+    thread."""
+    header, blob = split_body(body, header_length)
+    if not header:
+        raise InvalidInput("body: missing (expected a JSON object)")
+    return parse_infer_request(validated(model, parse_json(header)), served, max_instances, blob)
 
 
 def _binary_outputs(request: InferRequest, names: list[str], default: bool) -> frozenset[str]:

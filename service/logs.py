@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import contextvars
 import datetime as dt
+import itertools
 import json
 import logging
 import os
 import re
-import uuid
 from typing import Any
 
 REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -30,16 +30,22 @@ REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 # Accepted client request ids: short, printable, no spaces or quotes (they are echoed in a header
 # and written to the logs).
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:/+=@-]{1,128}$")
+# A new id is 32 hex digits: 16 random per process, then a counter (uuid4 per request cost ~4 %
+# of the event loop's CPU under load; ids need to be unique, not unpredictable).
+_ID_PREFIX = os.urandom(8).hex()
+_ID_COUNTER = itertools.count(int.from_bytes(os.urandom(4), "big"))
+_ID_MASK = (1 << 64) - 1
 
 LOGGERS = ("bayesgate", "uvicorn", "uvicorn.error")
 _HANDLER_FLAG = "bayesgate_handler"
 
 
 def accept_request_id(value: str | None) -> str:
-    """The client's ``X-Request-ID`` if it is 1–128 safe characters, else a new random id."""
+    """The client's ``X-Request-ID`` if it is 1–128 safe characters, else a new id (random per
+    process, then counted)."""
     if value and _REQUEST_ID_RE.fullmatch(value):
         return value
-    return uuid.uuid4().hex
+    return f"{_ID_PREFIX}{next(_ID_COUNTER) & _ID_MASK:016x}"
 
 
 class JsonFormatter(logging.Formatter):

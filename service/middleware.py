@@ -57,10 +57,21 @@ class RouteTemplates:
     or not the router ran (a 413 is answered before routing) and whatever the framework version.
     """
 
-    def __init__(self, templates: list[str]) -> None:
+    def __init__(self, templates: list[str], cache_size: int = 1024) -> None:
         self._patterns = [(compile_path(t)[0], t) for t in dict.fromkeys(templates)]
+        self._seen: dict[str, str] = {}  # path → template, for the paths served most
+        self._cache_size = cache_size
 
     def __call__(self, path: str) -> str:
+        template = self._seen.get(path)
+        if template is None:
+            template = self._match(path)
+            if len(self._seen) >= self._cache_size:
+                self._seen.clear()  # bounded: arbitrary paths cannot grow it
+            self._seen[path] = template
+        return template
+
+    def _match(self, path: str) -> str:
         for regex, template in self._patterns:
             if regex.match(path):
                 return template
@@ -231,8 +242,9 @@ class BodyLimitMiddleware:
         if body_done or self.body_read_timeout_s is None:
             return await receive()
         try:
-            return await asyncio.wait_for(receive(), self.body_read_timeout_s)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(self.body_read_timeout_s):  # no task per message
+                return await receive()
+        except TimeoutError:
             raise BodyTimeout(
                 f"the request body stopped arriving for {self.body_read_timeout_s:g} s "
                 "(BAYESGATE_BODY_READ_TIMEOUT_S)"

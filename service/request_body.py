@@ -80,6 +80,9 @@ class ReadBodyFirst(APIRoute):
         """The part of the body that is JSON (all of it here; see :class:`ReadTensorBody`)."""
         return body
 
+    def parses_as_json(self, content_type: str) -> bool:
+        return is_json(content_type)
+
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
         field = self.body_field
@@ -94,7 +97,10 @@ class ReadBodyFirst(APIRoute):
                         await read_form(request)
                 else:
                     body = self.json_part(request, await request.body())
-                    if body and (is_json(content_type) or (json_without_type and not content_type)):
+                    if body and (
+                        self.parses_as_json(content_type)
+                        or (json_without_type and not content_type)
+                    ):
                         # Starlette's Request.json() returns this cached value to FastAPI.
                         request._json = parse_json(body)
             return await handler(request)
@@ -123,3 +129,6 @@ class ReadTensorBody(ReadBodyFirst):
     def json_part(self, request: Request, body: bytes) -> bytes:
         header, request.state.binary_data = split_body(body, request.headers.get(HEADER))
         return header
+
+    def parses_as_json(self, content_type: str) -> bool:
+        return is_json(content_type) or content_type == "application/octet-stream"

@@ -22,11 +22,10 @@ the same numbers on both APIs.
 
 from typing import Annotated, Any
 
-import orjson
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from bayesgate.service.deps import ReadyDep, ServedDep, SettingsDep, WorkerDep, default_mc_samples
+from bayesgate.service.deps import ReadyDep, ServedDep
 from bayesgate.service.errors import InvalidInput, ModelNotFound
 from bayesgate.service.inference_protocol import (
     InferRequest,
@@ -37,13 +36,11 @@ from bayesgate.service.inference_protocol import (
     ReadyResponse,
     ServerMetadata,
     infer_request_model,
-    infer_response,
     model_config,
     model_metadata,
-    parse_infer_request,
 )
-from bayesgate.service.oip_binary import join_body
 from bayesgate.service.request_body import ReadTensorBody, media_type
+from bayesgate.service.routes.v2_infer import CONTENT_TYPES, InferEndpoint
 from bayesgate.service.schemas import error_responses
 from bayesgate.service.served_model import ServedModel
 from bayesgate.service.settings import Settings
@@ -66,10 +63,14 @@ async def ready_named_model(name: str, served: ReadyDep) -> ServedModel:
 
 
 async def json_header(request: Request) -> None:
-    """400 for a Content-Type other than JSON (or none, as tritonclient sends binary bodies)."""
+    """400 for a Content-Type other than JSON, octet-stream (binary tensor data) or none (as
+    tritonclient sends binary bodies)."""
     content_type = media_type(request)
-    if content_type not in ("", "application/json"):
-        raise InvalidInput(f"Content-Type must be application/json (or absent), got {content_type}")
+    if content_type not in CONTENT_TYPES:
+        raise InvalidInput(
+            "Content-Type must be application/json, application/octet-stream (binary tensor "
+            f"data) or absent, got {content_type}"
+        )
 
 
 NamedDep = Annotated[ServedModel, Depends(named_model)]
@@ -140,7 +141,11 @@ def add_config_route(router: APIRouter, max_instances: int) -> None:
 
 
 def add_infer_route(router: APIRouter, infer_request: type[InferRequest]) -> None:
-    """``POST /models/{name}/infer`` taking ``infer_request`` bodies."""
+    """``POST /models/{name}/infer`` taking ``infer_request`` bodies. Requests are served by
+    :class:`~bayesgate.service.routes.v2_infer.InferEndpoint` on the app's lean path
+    (:class:`~bayesgate.service.routes.v2_infer.InferShortcut`); this route documents the body
+    in OpenAPI and answers through the same endpoint should a request reach it."""
+    endpoint = InferEndpoint(infer_request)
 
     @router.post(
         "/models/{name}/infer",
@@ -149,26 +154,10 @@ def add_infer_route(router: APIRouter, infer_request: type[InferRequest]) -> Non
         dependencies=[Depends(json_header)],
     )
     async def infer(
+        name: str,
         body: infer_request,  # type: ignore[valid-type]
         request: Request,
-        settings: SettingsDep,
-        served: NamedDep,
-        worker: WorkerDep,
     ) -> Response:
         """Label, probabilities, uncertainty and the adversarial flag of each instance of
         ``input``."""
-        blob = getattr(request.state, "binary_data", None)
-        parsed = parse_infer_request(body, served, settings.max_instances, blob)
-        k = default_mc_samples(settings, served) if parsed.mc_samples is None else parsed.mc_samples
-        predictions = await worker.predict(
-            parsed.x, k, seed=parsed.seed, timeout_s=settings.request_timeout_s
-        )
-        return tensor_response(infer_response(predictions, parsed, k), parsed.binary_outputs)
-
-
-def tensor_response(header: dict[str, Any], binary: frozenset[str]) -> Response:
-    """JSON, or — when some outputs go binary — the JSON header and their bytes after it."""
-    body, length = join_body(header, set(binary), orjson.dumps)
-    if length is None:
-        return Response(body, media_type="application/json")
-    return Response(body, media_type="application/octet-stream", headers={HEADER_NAME: str(length)})
+        return await endpoint.answer(request)
