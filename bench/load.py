@@ -131,6 +131,17 @@ class Server:
         except (OSError, ValueError, IndexError):
             return float("nan")
 
+    def loop_cpu_seconds(self) -> float:
+        """CPU time of the server's main thread, where uvicorn runs the event loop: the request
+        path (HTTP, routing, middleware, decoding of small bodies, encoding); the model runs in
+        the worker thread, large bodies are decoded in other threads."""
+        try:
+            stat = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/stat").read_text()
+            fields = stat.rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            return float("nan")
+
     def get(self, path: str) -> dict[str, Any]:
         with _DIRECT.open(self.base + path, timeout=5) as r:
             return json.load(r)
@@ -320,9 +331,13 @@ def run_server(
 
             go(min(1.0, args.duration), 10_000)  # warm-up
             before, cpu0 = server.get("/v1/stats"), server.cpu_seconds()
+            loop0 = server.loop_cpu_seconds()
             latencies, failures, wall = go(args.duration, args.max_requests)
             after, cpu1 = server.get("/v1/stats"), server.cpu_seconds()
-            rows.append(_row(name, batch, latencies, failures, wall, before, after, cpu1 - cpu0))
+            row = _row(name, batch, latencies, failures, wall, before, after, cpu1 - cpu0)
+            loop_cpu = server.loop_cpu_seconds() - loop0
+            row["cpu_ms_loop"] = 1000 * loop_cpu / len(latencies) if latencies else float("nan")
+            rows.append(row)
     return rows
 
 
@@ -391,6 +406,7 @@ COLUMNS = [  # (title, key, format)
     ("p99 ms", "p99_ms", ">8.1f"),
     ("CPU ms/img", "cpu_ms_per_request", ">11.2f"),
     ("outside", "cpu_ms_outside_model", ">9.2f"),
+    ("loop", "cpu_ms_loop", ">7.2f"),
     ("CPU share", "cpu_share", ">10.2f"),
 ]
 
@@ -467,12 +483,16 @@ def ratios_and_outside(
 
 
 def summary(batched: list[dict[str, Any]], ratios: dict[str, Any]) -> str:
-    lines = ["protocol      service/engine  batching/no batching  CPU ms/img outside model"]
+    lines = [
+        "protocol      service/engine  batching/no batching  CPU ms/img outside model"
+        "  event loop CPU ms/img"
+    ]
     for r in batched:
         b = r.get("batching_over_no_batching")
         lines.append(
             f"{r['mode']:<14}{r['service_over_engine']:>14.2f}"
             f"{(f'{b:.2f}×' if b else '—'):>22}{r['cpu_ms_outside_model']:>26.2f}"
+            f"{r['cpu_ms_loop']:>23.2f}"
         )
     lines.append(
         f"best service / engine: {ratios['service_over_engine_best']:.2f} "
