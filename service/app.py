@@ -40,7 +40,9 @@ from bayesgate.service.middleware import (
     StartupMessageMiddleware,
 )
 from bayesgate.service.routes import api_routers, route_methods, route_templates
-from bayesgate.service.routes.v2_infer import InferEndpoint, InferShortcut
+from bayesgate.service.routes.lean import LeanRoutes, PredictEndpoint
+from bayesgate.service.routes.v2_infer import InferEndpoint
+from bayesgate.service.schemas import predict_request_model
 from bayesgate.service.served_model import ServedModel, load_served_model
 from bayesgate.service.settings import Settings
 from bayesgate.service.shutdown import install_drain_handler
@@ -244,9 +246,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 def add_middleware(
     app: FastAPI, settings: Settings, metrics: Metrics, templates: list[str]
 ) -> None:
-    """The ``/v2`` infer shortcut (innermost), body limit, one-line start-up failures, request
-    context (outermost)."""
-    app.add_middleware(InferShortcut, endpoint=InferEndpoint(infer_request_model(settings)))
+    """The lean routes (innermost: ``/v1/predict`` and ``/v2`` infer), body limit, one-line
+    start-up failures, request context (outermost)."""
+    lean = {
+        "/v1/predict": PredictEndpoint(predict_request_model(settings)),
+        "/v2/models/{name}/infer": InferEndpoint(infer_request_model(settings)),
+    }
+    app.add_middleware(LeanRoutes, endpoints=lean)
     app.add_middleware(
         BodyLimitMiddleware,
         max_body_bytes=settings.max_body_bytes,

@@ -143,8 +143,8 @@ def add_config_route(router: APIRouter, max_instances: int) -> None:
 def add_infer_route(router: APIRouter, infer_request: type[InferRequest]) -> None:
     """``POST /models/{name}/infer`` taking ``infer_request`` bodies. Requests are served by
     :class:`~bayesgate.service.routes.v2_infer.InferEndpoint` on the app's lean path
-    (:class:`~bayesgate.service.routes.v2_infer.InferShortcut`); this route documents the body
-    in OpenAPI and answers through the same endpoint should a request reach it."""
+    (:class:`~bayesgate.service.routes.lean.LeanRoutes`); this route documents the body in
+    OpenAPI and answers through the same endpoint should a request reach it."""
     endpoint = InferEndpoint(infer_request)
 
     @router.post(

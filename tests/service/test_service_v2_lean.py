@@ -20,7 +20,7 @@ from test_service_admission import WAIT_S, held_worker, until
 
 from bayesgate.service import inference_protocol
 from bayesgate.service.oip_binary import DTYPES, raw_bytes
-from bayesgate.service.routes.v2_infer import INLINE_DECODE_BYTES
+from bayesgate.service.routes.lean import INLINE_DECODE_BYTES
 from bayesgate.service.settings import Settings
 
 pytestmark = pytest.mark.anyio
@@ -203,3 +203,64 @@ def test_raw_bytes_equal_numpy(datatype: str) -> None:
     }[datatype]
     expected = np.asarray(values, dtype=DTYPES[datatype]).tobytes()
     assert raw_bytes(values, datatype) == expected
+
+
+async def test_v1_small_bodies_decode_on_the_loop_large_in_a_thread(
+    serving: Callable[[Settings], Any],
+    make_settings: Callable[..., Settings],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from bayesgate.service.routes import predict as v1
+
+    threads: list[int] = []
+    real = v1.decode_instances
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.get_ident())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(v1, "decode_instances", recording)
+    x = torch.rand(8, 784, generator=torch.Generator().manual_seed(3)).tolist()
+    async with serving(make_settings(max_instances=8)) as (_, client):
+        loop_thread = threading.get_ident()
+        small = await client.post("/v1/predict", json={"instances": x[:1], "seed": 2})
+        large = await client.post("/v1/predict", json={"instances": x, "seed": 2})
+    assert small.status_code == large.status_code == 200, (small.text, large.text)
+    assert threads == [loop_thread, threads[1]] and threads[1] != loop_thread
+
+
+async def test_fastapi_routes_answer_as_the_lean_path(
+    make_settings: Callable[..., Settings],
+) -> None:
+    """Without :class:`LeanRoutes` the FastAPI routes serve (they document the bodies): the same
+    answers and the same errors."""
+    import httpx
+
+    from bayesgate.service.app import create_app
+    from bayesgate.service.routes.lean import LeanRoutes
+
+    body, length = _binary_body(2)
+    requests = [
+        ("/v1/predict", {"json": {"instances": [[0.5] * 784], "seed": 4, "mc_samples": 3}}),
+        ("/v1/predict", {"json": {"instances": [[0.5] * 784], "mc_samples": "3"}}),
+        ("/v1/predict", {"content": b"{}", "headers": {"content-type": "text/plain"}}),
+        (INFER, {"json": _json_body(1)}),
+        (INFER, {"content": body, "headers": {HEADER: str(length)}}),
+        (INFER, {"json": {**_json_body(1), "parameters": {"mc_sample": 3}}}),
+        ("/v2/models/other/infer", {"json": _json_body(1)}),
+    ]
+    answers = []
+    for lean in (True, False):
+        app = create_app(make_settings())
+        if not lean:
+            app.user_middleware = [m for m in app.user_middleware if m.cls is not LeanRoutes]
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+                answers.append(
+                    [await client.post(path, **kwargs) for path, kwargs in requests]  # type: ignore[arg-type]
+                )
+    for (path, _), fast, plain in zip(requests, *answers, strict=True):
+        assert fast.status_code == plain.status_code, (path, fast.text, plain.text)
+        assert fast.content == plain.content, path
+    assert [r.status_code for r in answers[0]] == [200, 422, 415, 200, 200, 400, 404]
