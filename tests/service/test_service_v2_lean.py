@@ -15,8 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from raw_http import metric_value
-from test_service_admission import WAIT_S, held_worker, until
+from test_service_admission import WAIT_S, dropped, held_worker, until
 
 from bayesgate.service import inference_protocol
 from bayesgate.service.oip_binary import DTYPES, raw_bytes
@@ -64,9 +63,17 @@ def _binary_body(n: int) -> tuple[bytes, int]:
     return head + raw, len(head)
 
 
-def dropped(app: Any, reason: str) -> float:
-    text = app.state.metrics.exposition()[0].decode()
-    return metric_value(text, "bayesgate_jobs_dropped_total", reason=reason)
+def record_threads(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> list[int]:
+    """Replace ``module.name`` by a wrapper noting the thread of every call (returned list)."""
+    threads: list[int] = []
+    real = getattr(module, name)
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.get_ident())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, recording)
+    return threads
 
 
 async def test_binary_body_as_octet_stream_equals_json(
@@ -97,14 +104,7 @@ async def test_large_bodies_are_decoded_off_the_event_loop(
     make_settings: Callable[..., Settings],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    threads: list[int] = []
-    real = inference_protocol.parse_infer_request
-
-    def recording(*args: Any, **kwargs: Any) -> Any:
-        threads.append(threading.get_ident())
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(inference_protocol, "parse_infer_request", recording)
+    threads = record_threads(monkeypatch, inference_protocol, "parse_infer_request")
     small, large = _json_body(1), _json_body(8)
     assert len(json.dumps(small)) < INLINE_DECODE_BYTES < len(json.dumps(large))
     async with serving(make_settings(max_instances=8)) as (_, client):
@@ -212,14 +212,7 @@ async def test_v1_small_bodies_decode_on_the_loop_large_in_a_thread(
 ) -> None:
     from bayesgate.service.routes import predict as v1
 
-    threads: list[int] = []
-    real = v1.decode_instances
-
-    def recording(*args: Any, **kwargs: Any) -> Any:
-        threads.append(threading.get_ident())
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(v1, "decode_instances", recording)
+    threads = record_threads(monkeypatch, v1, "decode_instances")
     x = torch.rand(8, 784, generator=torch.Generator().manual_seed(3)).tolist()
     async with serving(make_settings(max_instances=8)) as (_, client):
         loop_thread = threading.get_ident()
