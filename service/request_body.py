@@ -15,6 +15,11 @@ parses the body first, with the service's limits and errors:
 FastAPI then validates the parsed body against the route's pydantic model (Starlette caches the
 parsed body on the request), and :func:`require_media_type` answers a wrong Content-Type before
 that validation's errors.
+
+Before any of that, :meth:`ReadBodyFirst.admit` may refuse the request from its head alone (the
+``/v1`` prediction routes hold an estimate of their work there,
+:class:`bayesgate.service.admission.AdmitByWork`); what it holds is released when the route
+returns, however it returns.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from fastapi import Request, Response
 from fastapi import params as fastapi_params
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Message
 
 from bayesgate.service.errors import InvalidInput, UnsupportedMediaType
 from bayesgate.service.oip_binary import HEADER, split_body
@@ -83,6 +89,11 @@ class ReadBodyFirst(APIRoute):
     def parses_as_json(self, content_type: str) -> bool:
         return is_json(content_type)
 
+    async def admit(self, request: Request, takes_form: bool) -> Callable[[], None] | None:
+        """Called before the body is read: raise a service error to refuse the request at once,
+        or return a release callback run when the route is done (None: nothing held)."""
+        return None
+
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
         field = self.body_field
@@ -90,6 +101,14 @@ class ReadBodyFirst(APIRoute):
         json_without_type = self.strict_content_type is False  # set per route
 
         async def read_first(request: Request) -> Response:
+            release = await self.admit(request, takes_form)
+            try:
+                return await read_and_handle(request)
+            finally:
+                if release is not None:
+                    release()
+
+        async def read_and_handle(request: Request) -> Response:
             if field is not None:
                 content_type = media_type(request)
                 if takes_form:
@@ -106,6 +125,23 @@ class ReadBodyFirst(APIRoute):
             return await handler(request)
 
         return read_first
+
+
+async def first_piece(request: Request) -> bytes:
+    """The first piece of the body as it arrived (often all of it), without consuming it: the
+    message is handed again to whoever reads the body next."""
+    message = await request.receive()
+    rest = request._receive  # Starlette's Request reads the body through this
+
+    async def replay() -> Message:
+        nonlocal message
+        if message is None:
+            return await rest()
+        first, message = message, None
+        return first
+
+    request._receive = replay
+    return message.get("body", b"") if message["type"] == "http.request" else b""
 
 
 def require_media_type(expected: str, hint: str = "") -> Callable[[Request], Any]:

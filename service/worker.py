@@ -19,10 +19,15 @@ thread keeps serving.
 
 Admission is by work, not by requests: a job costs ``B × K`` image-passes, and the queue holds at
 most ``max_queued_work`` of them (and at most ``queue_capacity`` jobs); a request that does not fit
-is refused at once (:class:`QueueFull`, 503 + ``Retry-After``). A job's deadline is fixed by the
-caller from the moment its request *arrived* (not when it was enqueued). A job whose deadline has
-passed, or whose client hung up (the route cancels it), before its batch runs is dropped — never
-computed — and counted in ``bayesgate_jobs_dropped_total{reason}`` (``deadline``,
+is refused at once (:class:`QueueFull`, 503 + ``Retry-After``). Work is *held* from the request's
+arrival: :meth:`BatchWorker.reserve` holds an estimate before the body is read (a
+:class:`Reservation`), :meth:`BatchWorker.resize` replaces it by the exact ``B × K`` once the body
+is parsed, and :meth:`BatchWorker.submit` turns it into queued work. A request is refused when
+``held + its work > max_queued_work`` with ``held`` = queued + reserved work of the other requests
+(a request alone may exceed the limit: it runs when nothing else is held). A job's deadline is
+fixed by the caller from the moment its request *arrived* (not when it was enqueued). A job whose
+deadline has passed, or whose client hung up (the route cancels it), before its batch runs is
+dropped — never computed — and counted in ``bayesgate_jobs_dropped_total{reason}`` (``deadline``,
 ``client_gone``). At the drain deadline :meth:`BatchWorker.abandon` answers every queued and
 running job with :class:`NotReady` (503) so no client is left to uvicorn's cancellation.
 
@@ -90,6 +95,14 @@ class Job:
     def work(self) -> int:
         """The job's cost in image-passes: ``B × K``."""
         return self.size * self.k
+
+
+@dataclass(eq=False)
+class Reservation:
+    """Image-passes held for one request between its arrival and its enqueueing (0 once queued
+    or released)."""
+
+    work: int
 
 
 def settle(
@@ -188,6 +201,7 @@ class BatchWorker:
         self.max_queued_work = max_queued_work  # image-passes (B × K) waiting; None = unbounded
         self._work_lock = threading.Lock()
         self._queued_work = 0
+        self._reserved_work = 0  # held for requests not queued yet (Reservation)
         # The batch being gathered or computed (answered by abandon() at the drain deadline).
         self._running: list[Job] = []
         # The served model, owned here: the routes read it, an admin change replaces it.
@@ -216,6 +230,55 @@ class BatchWorker:
         with self._work_lock:
             return self._queued_work
 
+    def held_work(self) -> int:
+        """Image-passes held: queued plus reserved for requests still being read or decoded."""
+        with self._work_lock:
+            return self._queued_work + self._reserved_work
+
+    def _refuse_unless_fits(self, work: int, what: str) -> None:
+        """:class:`QueueFull` unless ``work`` more image-passes fit (call with the lock held).
+
+        ``what`` describes the request's work in the message (``needs 40``, ``needs about …``)."""
+        held = self._queued_work + self._reserved_work
+        if self._queue.full():
+            self._reject()
+            raise QueueFull(
+                f"the inference queue is full ({self._queue.maxsize} requests waiting); retry later"
+            )
+        if self.max_queued_work is not None and held > 0 and held + work > self.max_queued_work:
+            self._reject()
+            raise QueueFull(
+                f"the inference queue is full: it holds {held} image-passes (images × K) of "
+                f"work, this request {what} and the limit is {self.max_queued_work} "
+                "(BAYESGATE_MAX_QUEUED_WORK); retry later"
+            )
+
+    def reserve(self, work: int, what: str | None = None) -> Reservation:
+        """Hold ``work`` image-passes for a request whose body is not read yet (an estimate);
+        :class:`QueueFull` at once when it does not fit."""
+        if not self.running:
+            raise NotReady("the inference worker is not running (starting up or shutting down)")
+        with self._work_lock:
+            self._refuse_unless_fits(work, what or f"needs {work}")
+            self._reserved_work += work
+        return Reservation(work)
+
+    def resize(self, reservation: Reservation, work: int) -> None:
+        """Replace the reservation's estimate by the request's exact work (``B × K``);
+        :class:`QueueFull` (and nothing held) when that does not fit."""
+        with self._work_lock:
+            self._reserved_work -= reservation.work
+            reservation.work = 0
+            self._refuse_unless_fits(work, f"needs {work}")
+            self._reserved_work += work
+            reservation.work = work
+
+    def release(self, reservation: Reservation) -> None:
+        """Give the reservation's work back (idempotent; a no-op once the job is queued)."""
+        with self._work_lock:
+            self._reserved_work -= reservation.work
+            reservation.work = 0
+
     def submit(
         self,
         x: torch.Tensor,
@@ -224,53 +287,26 @@ class BatchWorker:
         seed: int | None,
         return_samples: bool,
         deadline: float,
+        reservation: Reservation | None = None,
     ) -> Job:
         """Enqueue without blocking; :class:`QueueFull` when the job's work or the job itself does
-        not fit."""
+        not fit. The request's ``reservation`` (if any) becomes the job's queued work."""
         if not self.running:
             raise NotReady("the inference worker is not running (starting up or shutting down)")
         job = Job(x=x, k=k, seed=seed, return_samples=return_samples, deadline=deadline)
         with self._work_lock:
-            held = self._queued_work
-            if (
-                self.max_queued_work is not None
-                and held > 0
-                and held + job.work > self.max_queued_work
-            ):
-                self._reject()
-                raise QueueFull(
-                    f"the inference queue is full: it holds {held} image-passes (images × K) of "
-                    f"work, this request needs {job.work} and the limit is {self.max_queued_work} "
-                    "(BAYESGATE_MAX_QUEUED_WORK); retry later"
-                )
+            if reservation is not None:
+                self._reserved_work -= reservation.work
+                reservation.work = 0
+            self._refuse_unless_fits(job.work, f"needs {job.work}")
             try:
-                self._queue.put_nowait(job)
-            except queue.Full:
+                self._queue.put_nowait(job)  # puts happen under this lock: not full
+            except queue.Full:  # pragma: no cover - defensive
                 self._reject()
-                raise QueueFull(
-                    f"the inference queue is full ({self._queue.maxsize} requests waiting); "
-                    "retry later"
-                ) from None
+                raise QueueFull("the inference queue is full; retry later") from None
             self._queued_work += job.work
         self._report_depth()
         return job
-
-    def check_room(self) -> None:
-        """:class:`QueueFull` at once when the queue is already full (in jobs or in work), so a
-        request is refused before its body is decoded."""
-        held = self.queued_work()
-        if self._queue.full():
-            self._reject()
-            raise QueueFull(
-                f"the inference queue is full ({self._queue.maxsize} requests waiting); retry later"
-            )
-        if self.max_queued_work is not None and held >= self.max_queued_work:
-            self._reject()
-            raise QueueFull(
-                f"the inference queue is full: it holds {held} image-passes (images × K) of "
-                f"work, the limit is {self.max_queued_work} (BAYESGATE_MAX_QUEUED_WORK); "
-                "retry later"
-            )
 
     def _reject(self) -> None:
         self.stats.record(requests_rejected=1)
@@ -303,13 +339,15 @@ class BatchWorker:
         timeout_s: float = 30.0,
         arrived: float | None = None,
         client_gone: Callable[[], Awaitable[Any]] | None = None,
+        reservation: Reservation | None = None,
     ) -> list[Prediction]:
         """Answer one request (one :class:`Prediction` per instance, in order); raises the job's
         domain error.
 
         The deadline is ``arrived + timeout_s`` (``arrived``: ``time.monotonic()`` when the request
         reached the server; default now). ``client_gone()`` completes when the client hangs up: the
-        job is then cancelled (dropped if not yet running) and :class:`ClientGone` raised.
+        job is then cancelled (dropped if not yet running) and :class:`ClientGone` raised. The
+        request's ``reservation`` (:meth:`reserve`) becomes the job's queued work.
         """
         deadline = (time.monotonic() if arrived is None else arrived) + timeout_s
         late = DeadlineExceeded(
@@ -318,7 +356,14 @@ class BatchWorker:
         if time.monotonic() >= deadline:
             self.drop("deadline")  # spent its whole time reading and decoding: never enqueued
             raise late
-        job = self.submit(x, k, seed=seed, return_samples=return_samples, deadline=deadline)
+        job = self.submit(
+            x,
+            k,
+            seed=seed,
+            return_samples=return_samples,
+            deadline=deadline,
+            reservation=reservation,
+        )
         answer = asyncio.wrap_future(job.future)
         watcher = asyncio.ensure_future(client_gone()) if client_gone is not None else None
         waiting = {answer} if watcher is None else {answer, watcher}

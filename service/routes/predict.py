@@ -2,10 +2,11 @@
 
 The bodies are typed (:func:`bayesgate.service.schemas.predict_request_model`,
 :func:`~bayesgate.service.schemas.file_form_model`): FastAPI validates them strictly and documents
-them. The routes decode the images (:mod:`bayesgate.service.inputs`) in a thread, only when the
-queue has room and within the request's deadline, hand one job to the worker and await its
-answer; nothing here touches the model. The deadline counts from the request's arrival, and a
-client that hangs up while waiting has its job dropped (499).
+them. Admission is by work (:mod:`bayesgate.service.admission`): an estimate is held or refused
+before the body is read, the exact ``images × K`` before decoding. The routes decode the images
+(:mod:`bayesgate.service.inputs`) in a thread within the request's deadline, hand one job to the
+worker and await its answer; nothing here touches the model. The deadline counts from the
+request's arrival, and a client that hangs up while waiting has its job dropped (499).
 """
 
 # No `from __future__ import annotations`: the body types are built per app, inside
@@ -21,12 +22,13 @@ import torch
 from fastapi import APIRouter, Depends, Form, Request
 from fastapi.responses import Response
 
+from bayesgate.service.admission import AdmitByWork, reservation_of
 from bayesgate.service.deps import ServedDep, SettingsDep, WorkerDep, default_mc_samples
 from bayesgate.service.errors import DeadlineExceeded, InvalidInput
 from bayesgate.service.fast_json import json_response
 from bayesgate.service.inputs import decode_images, decode_instances, decode_png
 from bayesgate.service.middleware import arrived_at
-from bayesgate.service.request_body import ReadBodyFirst, require_media_type
+from bayesgate.service.request_body import require_media_type
 from bayesgate.service.schemas import (
     PredictResponse,
     error_responses,
@@ -52,12 +54,22 @@ async def client_gone(request: Request) -> None:
 
 
 async def decode_off_loop(
-    request: Request, settings: Settings, worker: BatchWorker, decode: Callable[..., T], *args: Any
+    request: Request,
+    settings: Settings,
+    worker: BatchWorker,
+    work: int,
+    decode: Callable[..., T],
+    *args: Any,
 ) -> T:
     """``decode(*args)`` in a thread (asyncio's default executor: a few threads, so decoding
-    work is bounded too), refused at once when the queue is full, 504 at the request's deadline
-    (a decode that has not started by then never runs)."""
-    worker.check_room()
+    work is bounded too), refused at once when the request's exact ``work`` (images × K) does not
+    fit the queue, 504 at the request's deadline (a decode that has not started by then never
+    runs)."""
+    reservation = reservation_of(request)
+    if reservation is None:  # not admitted by AdmitByWork: hold the work now
+        request.state.reservation = reservation = worker.reserve(work)
+    else:
+        worker.resize(reservation, work)
     remaining = arrived_at(request.scope) + settings.request_timeout_s - time.monotonic()
     try:
         return await asyncio.wait_for(asyncio.to_thread(decode, *args), max(remaining, 0.0))
@@ -72,7 +84,7 @@ async def decode_off_loop(
 async def answer(
     request: Request,
     x: torch.Tensor,
-    k: int | None,
+    k: int,
     seed: int | None,
     return_samples: bool,
     worker: BatchWorker,
@@ -80,7 +92,6 @@ async def answer(
 ) -> Response:
     """Run the job; the response names the model that computed it (from the predictions). The
     body is encoded by orjson directly (:mod:`bayesgate.service.fast_json`)."""
-    k = default_mc_samples(settings, worker.model) if k is None else k
     predictions = await worker.predict(
         x,
         k,
@@ -89,6 +100,7 @@ async def answer(
         timeout_s=settings.request_timeout_s,
         arrived=arrived_at(request.scope),
         client_gone=partial(client_gone, request),
+        reservation=reservation_of(request),
     )
     return json_response(predict_response(predictions, k, seed))
 
@@ -97,7 +109,7 @@ def build_router(settings: Settings) -> APIRouter:
     """The ``/v1`` prediction routes, with this server's limits in their body types."""
     predict_request = predict_request_model(settings)
     file_form = file_form_model(settings)
-    router = APIRouter(tags=["predict"], route_class=ReadBodyFirst)
+    router = APIRouter(tags=["predict"], route_class=AdmitByWork)
 
     @router.post(
         "/predict", response_model=PredictResponse, responses=_ERRORS, dependencies=[JSON_ONLY]
@@ -110,11 +122,13 @@ def build_router(settings: Settings) -> APIRouter:
         worker: WorkerDep,
     ) -> Response:
         """Label, probabilities, uncertainty and adversarial flag for each image of the body."""
+        k = default_mc_samples(settings, served) if body.mc_samples is None else body.mc_samples
         if body.instances is not None:
             x = await decode_off_loop(
                 request,
                 settings,
                 worker,
+                len(body.instances) * k,
                 decode_instances,
                 body.instances,
                 served.input_shape,
@@ -126,14 +140,13 @@ def build_router(settings: Settings) -> APIRouter:
                 request,
                 settings,
                 worker,
+                len(body.images) * k,
                 decode_images,
                 body.images,
                 served.input_shape,
                 settings.max_instances,
             )
-        return await answer(
-            request, x, body.mc_samples, body.seed, body.return_samples, worker, settings
-        )
+        return await answer(request, x, k, body.seed, body.return_samples, worker, settings)
 
     @router.post(
         "/predict/file",
@@ -152,12 +165,11 @@ def build_router(settings: Settings) -> APIRouter:
         data = await form.file.read()
         if not data:
             raise InvalidInput("file: the uploaded file is empty")
+        k = default_mc_samples(settings, served) if form.mc_samples is None else form.mc_samples
         pixels = await decode_off_loop(
-            request, settings, worker, decode_png, data, "file", served.input_shape
+            request, settings, worker, k, decode_png, data, "file", served.input_shape
         )
         x = torch.from_numpy(pixels).unsqueeze(0)
-        return await answer(
-            request, x, form.mc_samples, form.seed, form.return_samples, worker, settings
-        )
+        return await answer(request, x, k, form.seed, form.return_samples, worker, settings)
 
     return router

@@ -2,7 +2,9 @@
 ``Event``) while jobs queue behind it, so what is queued, refused, dropped or computed is known.
 
 - the queue holds at most ``max_queued_work`` image-passes (B × K): a request that does not fit is
-  503 + ``Retry-After`` at once;
+  503 + ``Retry-After`` at once — from its head and first body piece (an estimate) before the body
+  is read, and exactly (images × K) before decoding; what a request held is given back however it
+  ends;
 - the deadline counts from the request's arrival (the middleware's stamp), not from enqueueing;
 - jobs whose client hung up or whose deadline passed before their batch ran are never computed
   and are counted in ``bayesgate_jobs_dropped_total{reason}``;
@@ -95,10 +97,99 @@ async def test_queue_is_bounded_in_images_times_k(
     assert refused.headers["retry-after"] == "1"
     assert refused.json()["code"] == "queue_full"
     assert "holds 80 image-passes" in refused.json()["error"]
-    assert "needs 40" in refused.json()["error"] and "limit is 100" in refused.json()["error"]
+    assert "needs about 40 (4 image(s) estimated" in refused.json()["error"]
+    assert "limit is 100" in refused.json()["error"]
     assert refused_after < 5.0  # answered at once, not after waiting (generous on a loaded host)
     assert [a.status_code for a in answers] == [200, 200, 200]
     assert sorted(engine.calls) == [1, 10]  # the first job, then 4 + 4 + 2 images in one call
+
+
+def compact_instances(n: int) -> bytes:
+    """``n`` blank images as compact JSON: 2 bytes per pixel, so the estimate (3,072 bytes per
+    instance) counts about half of them."""
+    row = b"[" + b",".join([b"0"] * 28) + b"]"
+    image = b"[" + b",".join([row] * 28) + b"]"
+    return b'{"mc_samples":10,"instances":[' + b",".join([image] * n) + b"]}"
+
+
+async def test_a_full_queue_refuses_before_the_body_is_read(
+    serving: Callable[[Settings], Any], make_settings: Callable[..., Settings]
+) -> None:
+    """The body's first piece arrives, the rest never does: the 503 comes anyway (a server that
+    reads the body before deciding never answers), and nothing stays held."""
+    settings = make_settings(max_queued_work=100, max_instances=64, default_mc_samples=10)
+    async with serving(settings) as (app, client):
+        worker, engine, first = await held_worker(app)
+        queued = asyncio.create_task(
+            worker.predict(torch.zeros(8, 1, 28, 28), 10, timeout_s=WAIT_S)
+        )
+        await until(lambda: worker.queued_work() == 80)
+        head = b'{"images": [' + b",".join([b'"' + b"A" * 1020 + b'"'] * 4)
+        never = asyncio.Event()
+
+        async def body() -> Any:
+            yield head
+            await never.wait()  # the rest of a 32 kB body never comes
+            yield b"]}"
+
+        headers = {"content-type": "application/json", "content-length": str(32 * 1024)}
+        refused = await asyncio.wait_for(
+            client.post("/v1/predict", content=body(), headers=headers), 10.0
+        )
+        held_after_refusal = worker.held_work()
+        bad = await client.post("/v1/predict", json={"images": ["not base64!"] * 2})
+        held_after_bad = worker.held_work()
+        engine.release()
+        assert len(await queued) == 8
+        await first
+    assert refused.status_code == 503, refused.text
+    assert refused.headers["retry-after"] == "1"
+    assert (
+        "needs about 320 (32 image(s) estimated from a body of 32768 bytes × K = 10)"
+        in (refused.json()["error"])
+    )
+    assert bad.status_code == 422, bad.text  # 20 image-passes fit; the decoder refuses them
+    assert held_after_refusal == held_after_bad == 80  # only the queued job: nothing leaked
+
+
+async def test_the_exact_work_is_checked_before_decoding(
+    serving: Callable[[Settings], Any],
+    make_settings: Callable[..., Settings],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The estimate lets a compact body in (2 images estimated, 20 image-passes); its exact work
+    (4 × 10) does not fit beside 80 queued: 503 naming it, and no image is decoded."""
+    from bayesgate.service.routes import predict as predict_route
+
+    decoded: list[int] = []
+    real = predict_route.decode_instances
+
+    def counting_decode(instances: Any, *args: Any) -> torch.Tensor:
+        decoded.append(len(instances))
+        return real(instances, *args)
+
+    monkeypatch.setattr(predict_route, "decode_instances", counting_decode)
+    settings = make_settings(max_queued_work=100, max_instances=64, default_mc_samples=10)
+    async with serving(settings) as (app, client):
+        worker, engine, first = await held_worker(app)
+        queued = asyncio.create_task(
+            worker.predict(torch.zeros(8, 1, 28, 28), 10, timeout_s=WAIT_S)
+        )
+        await until(lambda: worker.queued_work() == 80)
+        headers = {"content-type": "application/json"}
+        refused = await client.post("/v1/predict", content=compact_instances(4), headers=headers)
+        fits = asyncio.create_task(
+            client.post("/v1/predict", content=compact_instances(2), headers=headers)
+        )
+        await until(lambda: worker.queued_work() == 100)
+        engine.release()
+        assert (await fits).status_code == 200
+        await queued, await first
+        assert worker.held_work() == 0
+    assert refused.status_code == 503, refused.text
+    assert "holds 80 image-passes" in refused.json()["error"]
+    assert "needs 40 and the limit is 100" in refused.json()["error"]
+    assert decoded == [2]  # the refused body was never decoded
 
 
 async def test_deadline_counts_from_arrival_not_enqueue(

@@ -4,6 +4,7 @@ failing engine call fails only its requests; a full queue is 503, a missed deadl
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -135,11 +136,17 @@ async def test_full_queue_is_503_with_retry_after(
 ) -> None:
     settings = make_settings(queue_capacity=1, max_batch_size=1, max_queue_delay_ms=0.0)
     async with serving(settings) as (app, client):
-        app.state.worker.engine = slowed(mc_engine, 0.3)
+        slow = slowed(mc_engine, 0.3)
+        entered = threading.Event()
+
+        def engine(*args: Any) -> torch.Tensor:
+            entered.set()
+            return slow(*args)
+
+        app.state.worker.engine = engine
         body = {"instances": [[0.3] * 784]}
         first = asyncio.create_task(client.post("/v1/predict", json=body))
-        await wait_for(lambda: app.state.worker.queue_depth() == 0 and not first.done())
-        await asyncio.sleep(0.05)  # the worker is inside the slow call
+        await wait_for(entered.is_set)  # the worker is inside the slow call
         queued = asyncio.create_task(client.post("/v1/predict", json=body))
         await wait_for(lambda: app.state.worker.queue_depth() == 1)
         rejected = await asyncio.gather(*(client.post("/v1/predict", json=body) for _ in range(3)))
