@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from bayesgate.errors import InvalidArgument
 
 if TYPE_CHECKING:
+    import uvicorn
     from pydantic import ValidationError
 
     from bayesgate.service.settings import Settings
@@ -105,6 +106,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from bayesgate.models.device import pick_device
     from bayesgate.service.errors import StartupError
+    from bayesgate.service.http_server import DRAINING_H11
     from bayesgate.service.logs import uvicorn_log_config
     from bayesgate.service.served_model import load_served_model
     from bayesgate.service.settings import settings_from_env
@@ -151,25 +153,48 @@ def cmd_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _exit_cleanly)
     print(page_message(settings), flush=True)
     try:
-        uvicorn.run(
-            "bayesgate.service.app:create_app",
-            factory=True,
-            host=settings.host,
-            port=settings.port,
-            workers=settings.workers,
-            log_level=settings.log_level,
-            log_config=uvicorn_log_config(settings.log_level, settings.log_format),
-            access_log=False,  # the app writes its own access log (with request ids)
-            timeout_graceful_shutdown=settings.drain_timeout_s,  # type: ignore[arg-type]
-            # h11 (not httptools) bounds the request line + headers; see docs/service.md.
-            http="h11",
-            h11_max_incomplete_event_size=settings.max_header_bytes,
-            timeout_keep_alive=settings.keep_alive_timeout_s,
+        run_uvicorn(
+            uvicorn.Config(
+                "bayesgate.service.app:create_app",
+                factory=True,
+                host=settings.host,
+                port=settings.port,
+                workers=settings.workers,
+                log_level=settings.log_level,
+                log_config=uvicorn_log_config(settings.log_level, settings.log_format),
+                access_log=False,  # the app writes its own access log (with request ids)
+                timeout_graceful_shutdown=settings.drain_timeout_s,  # type: ignore[arg-type]
+                # h11 (not httptools) bounds the request line + headers; see docs/service.md.
+                # Its shutdown keeps connections whose request is on its way (http_server.py).
+                http=DRAINING_H11,
+                h11_max_incomplete_event_size=settings.max_header_bytes,
+                timeout_keep_alive=settings.keep_alive_timeout_s,
+            )
         )
     finally:
         if own_runtime_dir is not None:
             shutil.rmtree(own_runtime_dir, ignore_errors=True)
     return 0
+
+
+def run_uvicorn(config: uvicorn.Config) -> None:
+    """``uvicorn.run`` for a ready ``uvicorn.Config``: one process, or with ``workers > 1`` the
+    supervisor of :mod:`bayesgate.service.http_server` (it closes its copy of the listening
+    socket when it starts stopping the workers)."""
+    import uvicorn
+
+    from bayesgate.service.http_server import Supervisor
+
+    try:
+        if config.workers > 1:
+            Supervisor(config, sockets=[config.bind_socket()]).run()
+            return
+        server = uvicorn.Server(config)
+        server.run()
+    except KeyboardInterrupt:  # as uvicorn.run
+        return
+    if not server.started:
+        raise SystemExit(3)  # uvicorn's STARTUP_FAILURE: the app did not start
 
 
 def _serve_on_ray(settings: Settings, address: str | None, detach: bool) -> int:

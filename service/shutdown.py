@@ -32,6 +32,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from bayesgate.service.http_server import close_listeners
+
 log = logging.getLogger("bayesgate.service")
 
 SignalHandler = Callable[[int, FrameType | None], Any]
@@ -54,7 +56,9 @@ def install_drain_handler(
     """Wrap uvicorn's SIGTERM/SIGINT handler (see the module docstring); return an uninstaller.
 
     ``on_drain`` runs once, on the first signal (it turns readiness off); ``on_stop`` runs once, on
-    the loop, when uvicorn's own handler is called (its drain timeout starts then). Returns None
+    the loop, when uvicorn's own handler is called (its drain timeout starts then), and the
+    listening sockets are closed then, their accept queue served
+    (:func:`~bayesgate.service.http_server.close_listeners`). Returns None
     (and does nothing) when no uvicorn server handles the signals in this thread.
     """
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -63,14 +67,19 @@ def install_drain_handler(
     draining = False
     stopped = False
 
-    def stopping() -> None:
+    def stopping(stop: SignalHandler) -> None:
         nonlocal stopped
-        if not stopped and on_stop is not None:
-            stopped = True
+        if stopped:
+            return
+        stopped = True
+        if on_stop is not None:
             on_stop()
+        taken = close_listeners(getattr(stop, "__self__", None))
+        if taken:
+            log.info("stopped listening; %d connection(s) waiting to be accepted taken", taken)
 
     def delayed_stop(sig: int, stop: SignalHandler) -> None:
-        stopping()
+        stopping(stop)
         stop(sig, None)
 
     def begin(sig: int, stop: SignalHandler, delayed: bool) -> None:
@@ -94,7 +103,7 @@ def install_drain_handler(
         if first:
             loop.call_soon_threadsafe(begin, sig, stop, delayed)
         if not delayed:
-            loop.call_soon_threadsafe(stopping)
+            loop.call_soon_threadsafe(stopping, stop)
             stop(sig, frame)  # uvicorn's handler only sets flags: safe here
 
     for sig in previous:

@@ -1,0 +1,122 @@
+"""No accepted connection is reset when a real ``bayesgate serve`` shuts down (SIGTERM).
+
+- A connection accepted before the listener closed but carrying no request yet — opened and idle,
+  or a keep-alive connection between two requests — still gets its next request answered (with
+  ``Connection: close``): uvicorn used to close it at once, resetting a request on its way.
+- With ``--workers 2`` a client that keeps connecting through the shutdown gets answers, then
+  refused connections — never a connection that is established and then reset (the supervisor
+  used to keep the port listening after its workers had stopped accepting, and the kernel queued
+  connections nobody would accept until the supervisor exited and reset them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import time
+from pathlib import Path
+
+from raw_http import read_response
+from serve_process import start_server
+
+BODY = b'{"instances": [[' + b",".join([b"0.5"] * 784) + b']], "mc_samples": 2}'
+REQUEST = (
+    b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    b"Content-Length: %d\r\n\r\n" % len(BODY) + BODY
+)
+
+
+def refused(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def test_connections_waiting_for_their_next_request_are_answered_at_shutdown(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    server = start_server(
+        tiny_model_dir, tmp_path, drain_delay_s=0.5, drain_timeout_s=20, keep_alive_timeout_s=10
+    )
+    try:
+        reused = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+        reused.sendall(REQUEST)
+        first = read_response(reused)
+        idle = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+        server.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        while not refused(server.port):  # the listener closes after the drain delay
+            assert time.monotonic() < deadline, "the server never stopped listening"
+            time.sleep(0.02)
+        answers = []
+        for sock in (idle, reused):
+            sock.sendall(REQUEST)
+            answers.append(read_response(sock))
+            sock.close()
+        code = server.proc.wait(timeout=60)
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait()
+    assert first[0] == 200 and first[1].get("connection") != "close", first[:2]
+    for status, headers, _ in answers:
+        assert status == 200, answers  # 0: closed without an answer
+        assert headers["connection"] == "close"
+    assert code == 0
+
+
+async def through_shutdown(port: int, stop: asyncio.Event) -> list[str]:
+    """One-request connections until ``stop``: the status, ``refused``, or ``reset`` (connected,
+    request sent, closed without an answer)."""
+    outcomes: list[str] = []
+    while not stop.is_set():
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            outcomes.append("refused")
+            await asyncio.sleep(0.01)
+            continue
+        try:
+            writer.write(REQUEST)
+            await writer.drain()
+            line = await asyncio.wait_for(reader.readline(), 60)
+            outcomes.append(line.split()[1].decode() if line else "reset")
+        except (OSError, asyncio.TimeoutError):
+            outcomes.append("reset")
+        finally:
+            writer.close()
+    return outcomes
+
+
+def test_two_workers_refuse_rather_than_reset_after_they_stop_accepting(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    server = start_server(
+        tiny_model_dir, tmp_path, args=("--workers", "2"), drain_delay_s=0.5, drain_timeout_s=20
+    )
+
+    async def scenario() -> list[str]:
+        stop = asyncio.Event()
+        clients = [asyncio.ensure_future(through_shutdown(server.port, stop)) for _ in range(4)]
+        await asyncio.sleep(0.5)
+        server.proc.send_signal(signal.SIGTERM)
+        while server.proc.poll() is None:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)
+        stop.set()
+        return [o for c in await asyncio.gather(*clients) for o in c]
+
+    try:
+        outcomes = asyncio.run(scenario())
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait()
+    counts = {o: outcomes.count(o) for o in set(outcomes)}
+    assert counts.get("reset", 0) == 0, counts
+    assert counts.get("200", 0) > 0 and counts.get("refused", 0) > 0, counts
+    assert set(counts) <= {"200", "refused"}, counts
+    assert server.proc.returncode == 0
