@@ -5,14 +5,15 @@ queue holds a bounded amount of it (``BAYESGATE_MAX_QUEUED_WORK``, see
 :class:`~bayesgate.service.worker.BatchWorker`). Reading, parsing and decoding a 256-image body
 costs the server far more than answering 503, so the decision is made in two steps:
 
-1. from the request head and the first piece of the body (what arrived with it), before the body
-   is read and parsed: the work is estimated as ``images ≈ ⌊Content-Length / bytes per image⌋``
-   (:data:`BYTES_PER_IMAGE` for base64 ``images``, :data:`BYTES_PER_INSTANCE` when the first piece
-   names ``"instances"``; capped at ``BAYESGATE_MAX_INSTANCES``; one image for a file upload or a
-   body of unknown length) times the server's default K, and held
+1. before the body is read and parsed, the work is estimated as
+   ``images ≈ ⌊Content-Length / bytes per image⌋`` (:data:`BYTES_PER_IMAGE` for base64
+   ``images``, :data:`BYTES_PER_INSTANCE` when the first piece of the body — what arrived with the
+   head — names ``"instances"``; capped at ``BAYESGATE_MAX_INSTANCES``; one image for a file
+   upload or a body of unknown length) times the server's default K, and held
    (:meth:`~bayesgate.service.worker.BatchWorker.reserve`) — or refused at once with 503
    ``queue_full`` + ``Retry-After`` when it does not fit beside the work already queued or held by
-   requests still being read;
+   requests still being read. When even the smaller estimate (``"instances"``) does not fit, the
+   refusal comes from the head alone, without waiting for the first piece;
 2. once the body is parsed and the image count and K are known, the estimate is replaced by the
    exact ``B × K`` (:meth:`~bayesgate.service.worker.BatchWorker.resize`), refused the same way
    if that does not fit, before any image is decoded.
@@ -44,6 +45,10 @@ def estimated_images(content_length: int | None, max_instances: int, per_image: 
     return max(1, min(max_instances, content_length // per_image))
 
 
+def estimate_text(images: int, k: int, where: str) -> str:
+    return f"needs about {images * k} ({images} image(s) estimated from {where} × K = {k})"
+
+
 def content_length(request: Request) -> int | None:
     value = request.headers.get("content-length", "")
     return int(value) if value.isdigit() else None
@@ -65,20 +70,17 @@ class AdmitByWork(ReadBodyFirst):
             return None  # the route's dependencies answer 503 not_ready
         settings = state.settings
         length = content_length(request)
+        k = default_mc_samples(settings, worker.model)
         if takes_form:
-            images = 1
+            images, where = 1, "a file upload"
         else:
+            where = "a body of unknown length" if length is None else f"a body of {length} bytes"
+            # Refused from the head alone when even the fewer images of "instances" do not fit.
+            fewest = estimated_images(length, settings.max_instances, BYTES_PER_INSTANCE)
+            worker.check_fits(fewest * k, estimate_text(fewest, k, where))
             instances = b'"instances"' in await first_piece(request)
             per_image = BYTES_PER_INSTANCE if instances else BYTES_PER_IMAGE
             images = estimated_images(length, settings.max_instances, per_image)
-        k = default_mc_samples(settings, worker.model)
-        work = images * k
-        if takes_form:
-            where = "a file upload"
-        else:
-            where = "a body of unknown length" if length is None else f"a body of {length} bytes"
-        reservation = worker.reserve(
-            work, f"needs about {work} ({images} image(s) estimated from {where} × K = {k})"
-        )
+        reservation = worker.reserve(images * k, estimate_text(images, k, where))
         request.state.reservation = reservation
         return lambda: worker.release(reservation)

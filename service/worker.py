@@ -26,10 +26,12 @@ is parsed, and :meth:`BatchWorker.submit` turns it into queued work. A request i
 ``held + its work > max_queued_work`` with ``held`` = queued + reserved work of the other requests
 (a request alone may exceed the limit: it runs when nothing else is held). A job's deadline is
 fixed by the caller from the moment its request *arrived* (not when it was enqueued). A job whose
-deadline has passed, or whose client hung up (the route cancels it), before its batch runs is
-dropped — never computed — and counted in ``bayesgate_jobs_dropped_total{reason}`` (``deadline``,
-``client_gone``). At the drain deadline :meth:`BatchWorker.abandon` answers every queued and
-running job with :class:`NotReady` (503) so no client is left to uvicorn's cancellation.
+deadline has passed — or would pass before it finished even at the fastest per-pass rate of the
+last 64 engine calls, once there are 8 (:meth:`BatchWorker.fastest_seconds`) —, or whose client
+hung up (the route cancels it), before its batch runs is dropped — never computed — and counted
+in ``bayesgate_jobs_dropped_total{reason}`` (``deadline``, ``client_gone``). At the drain deadline
+:meth:`BatchWorker.abandon` answers every queued and running job with :class:`NotReady` (503) so
+no client is left to uvicorn's cancellation.
 
 The worker is the one owner of the served model
 (:class:`~bayesgate.service.served_model.ServedModel`): the routes read ``worker.model`` and an
@@ -70,6 +72,7 @@ from bayesgate.service.served_model import ServedModel
 log = logging.getLogger("bayesgate.service")
 
 _POLL_S = 0.1  # how often an idle worker checks whether it should stop
+MIN_RATE_CALLS = 8  # engine calls timed before a job's compute time is predicted from them
 
 
 @dataclass(eq=False)
@@ -208,13 +211,27 @@ class BatchWorker:
         self.model = model
         self.max_batch_size = max_batch_size
         self.max_queue_delay_s = max_queue_delay_s
-        self.engine = engine  # replaceable (tests slow it down or make it fail)
+        self._engine = engine
         self.stats = WorkerStats()
         self.metrics: Metrics | None = None  # set once the warm-up batch has run
         self._queue: queue.Queue[Job] = queue.Queue(maxsize=queue_capacity)
         self._carry: Job | None = None  # taken from the queue but did not fit the last batch
+        # Seconds per image-pass of recent engine calls (a job is not started when even the
+        # fastest of them could not answer it before its deadline).
+        self._pass_seconds: deque[float] = deque(maxlen=64)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    @property
+    def engine(self) -> Engine:
+        """The MC engine; replaceable (tests slow it down or make it fail), which forgets the
+        per-pass times of the old one."""
+        return self._engine
+
+    @engine.setter
+    def engine(self, engine: Engine) -> None:
+        self._engine = engine
+        self._pass_seconds.clear()
 
     # --- event-loop side ----------------------------------------------------------------------
 
@@ -252,6 +269,12 @@ class BatchWorker:
                 f"work, this request {what} and the limit is {self.max_queued_work} "
                 "(BAYESGATE_MAX_QUEUED_WORK); retry later"
             )
+
+    def check_fits(self, work: int, what: str | None = None) -> None:
+        """:class:`QueueFull` at once when ``work`` more image-passes would not fit (nothing is
+        held)."""
+        with self._work_lock:
+            self._refuse_unless_fits(work, what or f"needs {work}")
 
     def reserve(self, work: int, what: str | None = None) -> Reservation:
         """Hold ``work`` image-passes for a request whose body is not read yet (an estimate);
@@ -417,6 +440,14 @@ class BatchWorker:
 
     # --- worker thread ------------------------------------------------------------------------
 
+    def fastest_seconds(self, work: int) -> float:
+        """``work`` image-passes at the fastest per-pass rate of the last 64 engine calls (0 until
+        there are :data:`MIN_RATE_CALLS` of them): a lower bound on how long the job will
+        compute."""
+        if len(self._pass_seconds) < MIN_RATE_CALLS:
+            return 0.0
+        return work * min(self._pass_seconds)
+
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
@@ -466,11 +497,17 @@ class BatchWorker:
         for job in batch:
             if job.future.done() and not job.future.cancelled():
                 continue  # answered by abandon() while the batch was gathered
-            if not _claim(job) or now > job.deadline:
-                # cancelled by the waiting request (client gone or timed out), or past its deadline
+            if not _claim(job) or now + self.fastest_seconds(job.work) > job.deadline:
+                # cancelled by the waiting request (client gone or timed out), or it cannot be
+                # answered before its deadline even at the fastest rate seen lately
                 self.drop(job.dropped or "deadline")
                 if job.future.running():
-                    settle(job.future, exc=DeadlineExceeded("the request expired in the queue"))
+                    settle(
+                        job.future,
+                        exc=DeadlineExceeded(
+                            "the request could not be answered before its deadline (server busy)"
+                        ),
+                    )
                 continue
             self.stats.record(queue_seconds=now - job.enqueued)
             if metrics is not None:
@@ -524,6 +561,7 @@ class BatchWorker:
             return
         seconds = time.perf_counter() - start
         self.stats.record_call(size, len(jobs), seconds, ok=True)
+        self._pass_seconds.append(seconds / (size * k))
         if self.metrics is not None:
             self.metrics.observe_engine_call(size, seconds)
             self.metrics.count_requests("succeeded", len(jobs))

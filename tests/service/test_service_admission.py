@@ -127,27 +127,34 @@ async def test_a_full_queue_refuses_before_the_body_is_read(
         head = b'{"images": [' + b",".join([b'"' + b"A" * 1020 + b'"'] * 4)
         never = asyncio.Event()
 
-        async def body() -> Any:
-            yield head
-            await never.wait()  # the rest of a 32 kB body never comes
-            yield b"]}"
+        async def post_unfinished(length: int) -> Any:
+            async def body() -> Any:
+                yield head
+                await never.wait()  # the rest of the body never comes
+                yield b"]}"
 
-        headers = {"content-type": "application/json", "content-length": str(32 * 1024)}
-        refused = await asyncio.wait_for(
-            client.post("/v1/predict", content=body(), headers=headers), 10.0
-        )
+            headers = {"content-type": "application/json", "content-length": str(length)}
+            return await asyncio.wait_for(
+                client.post("/v1/predict", content=body(), headers=headers), 10.0
+            )
+
+        # 8 kB: as "instances" 2 images (20 fit), as base64 images 8 (80 do not): first piece read
+        after_first_piece = await post_unfinished(8 * 1024)
+        # 32 kB: even as "instances" 10 images, 100 image-passes: refused from the head alone
+        from_head = await post_unfinished(32 * 1024)
         held_after_refusal = worker.held_work()
         bad = await client.post("/v1/predict", json={"images": ["not base64!"] * 2})
         held_after_bad = worker.held_work()
         engine.release()
         assert len(await queued) == 8
         await first
-    assert refused.status_code == 503, refused.text
-    assert refused.headers["retry-after"] == "1"
-    assert (
-        "needs about 320 (32 image(s) estimated from a body of 32768 bytes × K = 10)"
-        in (refused.json()["error"])
-    )
+    for refused, needs in (
+        (after_first_piece, "needs about 80 (8 image(s) estimated from a body of 8192 bytes"),
+        (from_head, "needs about 100 (10 image(s) estimated from a body of 32768 bytes"),
+    ):
+        assert refused.status_code == 503, refused.text
+        assert refused.headers["retry-after"] == "1"
+        assert needs in refused.json()["error"]
     assert bad.status_code == 422, bad.text  # 20 image-passes fit; the decoder refuses them
     assert held_after_refusal == held_after_bad == 80  # only the queued job: nothing leaked
 
@@ -239,6 +246,33 @@ async def test_jobs_of_gone_or_late_clients_are_dropped_never_computed(
         await first
         assert engine.calls == [1, 7]  # the 3- and 5-image jobs never reached the engine
         assert dropped(app, "client_gone") == 1 and dropped(app, "deadline") == 1
+
+
+async def test_a_job_that_cannot_finish_before_its_deadline_is_not_started(
+    serving: Callable[[Settings], Any], make_settings: Callable[..., Settings]
+) -> None:
+    """An engine taking 50 ms per image-pass: a 40-pass job (≥ 2 s) with 1 s left is answered
+    504 at once and never computed; one that fits its deadline runs."""
+    calls: list[tuple[int, int]] = []
+
+    def timed_engine(_: nn.Module, x: torch.Tensor, k: int, __: Any = None) -> torch.Tensor:
+        calls.append((int(x.shape[0]), k))
+        time.sleep(0.05 * x.shape[0] * k)
+        return torch.full((x.shape[0], k, 10), 0.1)
+
+    async with serving(make_settings(max_batch_size=64)) as (app, _):
+        worker = app.state.worker
+        worker.engine = timed_engine
+        for _ in range(8):  # the rate: 50 ms per image-pass, from 8 engine calls
+            await worker.predict(torch.zeros(1, 1, 28, 28), 1, timeout_s=WAIT_S)
+        start = time.monotonic()
+        with pytest.raises(DeadlineExceeded, match="could not be answered before its deadline"):
+            await worker.predict(torch.zeros(4, 1, 28, 28), 10, timeout_s=1.0)
+        refused_after = time.monotonic() - start
+        assert len(await worker.predict(torch.zeros(2, 1, 28, 28), 2, timeout_s=WAIT_S)) == 2
+    assert calls == [(1, 1)] * 8 + [(2, 2)]  # the 4 × 10 job never reached the engine
+    assert refused_after < 0.9  # answered before its deadline, not at it
+    assert dropped(app, "deadline") == 1
 
 
 async def test_abandon_answers_queued_and_running_jobs_503_and_the_worker_goes_on(
