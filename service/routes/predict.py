@@ -4,17 +4,19 @@ The bodies are typed (:func:`bayesgate.service.schemas.predict_request_model`,
 :func:`~bayesgate.service.schemas.file_form_model`): FastAPI validates them strictly and documents
 them. Admission is by work (:mod:`bayesgate.service.admission`): an estimate is held or refused
 before the body is read, the exact ``images × K`` before decoding. The routes decode the images
-(:mod:`bayesgate.service.inputs`) in a thread within the request's deadline, hand one job to the
-worker and await its answer; nothing here touches the model. The deadline counts from the
-request's arrival, and a client that hangs up while waiting has its job dropped (499).
+(:mod:`bayesgate.service.inputs`) in one decoding thread within the request's deadline, hand one
+job to the worker and await its answer; nothing here touches the model. The deadline counts from
+the request's arrival, and a client that hangs up while waiting has its job dropped (499).
 """
 
 # No `from __future__ import annotations`: the body types are built per app, inside
 # build_router, and FastAPI reads the endpoints' annotations as objects.
 
 import asyncio
+import contextvars
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Annotated, Any, TypeVar
 
@@ -53,6 +55,20 @@ async def client_gone(request: Request) -> None:
         pass
 
 
+# Decoding (base64, PNG, value checks) holds the GIL most of the time: several threads would not
+# decode faster, and each would make the event loop wait longer for the GIL on every turn.
+_DECODER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bayesgate-decode")
+
+
+async def in_decoder(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in the one decoding thread, in the caller's context (request id for logs);
+    cancelled before it starts, it never runs."""
+    context = contextvars.copy_context()
+    return await asyncio.get_running_loop().run_in_executor(
+        _DECODER, partial(context.run, fn, *args)
+    )
+
+
 async def decode_off_loop(
     request: Request,
     settings: Settings,
@@ -61,10 +77,9 @@ async def decode_off_loop(
     decode: Callable[..., T],
     *args: Any,
 ) -> T:
-    """``decode(*args)`` in a thread (asyncio's default executor: a few threads, so decoding
-    work is bounded too), refused at once when the request's exact ``work`` (images × K) does not
-    fit the queue, 504 at the request's deadline (a decode that has not started by then never
-    runs)."""
+    """``decode(*args)`` in the decoding thread (:func:`in_decoder`), refused at once when the
+    request's exact ``work`` (images × K) does not fit the queue, 504 at the request's deadline
+    (a decode that has not started by then never runs)."""
     reservation = reservation_of(request)
     if reservation is None:  # not admitted by AdmitByWork: hold the work now
         request.state.reservation = reservation = worker.reserve(work)
@@ -72,7 +87,7 @@ async def decode_off_loop(
         worker.resize(reservation, work)
     remaining = arrived_at(request.scope) + settings.request_timeout_s - time.monotonic()
     try:
-        return await asyncio.wait_for(asyncio.to_thread(decode, *args), max(remaining, 0.0))
+        return await asyncio.wait_for(in_decoder(decode, *args), max(remaining, 0.0))
     except asyncio.TimeoutError:
         worker.drop("deadline")
         raise DeadlineExceeded(
