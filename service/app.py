@@ -17,6 +17,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -42,7 +43,7 @@ from bayesgate.service.middleware import (
 from bayesgate.service.routes import api_routers, route_methods, route_templates
 from bayesgate.service.routes.lean import LeanRoutes, PredictEndpoint
 from bayesgate.service.routes.v2_infer import InferEndpoint
-from bayesgate.service.schemas import predict_request_model
+from bayesgate.service.schemas import exact_integer_bounds, predict_request_model
 from bayesgate.service.served_model import ServedModel, load_served_model
 from bayesgate.service.settings import Settings
 from bayesgate.service.shutdown import install_drain_handler
@@ -240,7 +241,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(router, prefix=prefix)
     app.state.allowed_methods = AllowedMethods(route_methods(routers))
     add_middleware(app, settings, metrics, route_templates(routers))
+    app.openapi = partial(openapi_with_exact_bounds, app, app.openapi)  # type: ignore[method-assign]
     return app
+
+
+def openapi_with_exact_bounds(app: FastAPI, build: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """FastAPI's OpenAPI document with integer bounds as integers (built once, then cached)."""
+    if app.openapi_schema is None:
+        schema = build()
+        exact_integer_bounds(schema)
+        app.openapi_schema = schema
+    return app.openapi_schema
 
 
 def add_middleware(

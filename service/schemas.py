@@ -39,6 +39,16 @@ def schema_only(**keywords: Any) -> Callable[[dict[str, Any]], None]:
     return apply
 
 
+# What the decoder accepts of an image string (a PNG's contents cannot be said in JSON Schema).
+BASE64_PNG = {
+    "type": "string",
+    "minLength": 4,
+    "pattern": "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$",
+    "contentEncoding": "base64",
+    "contentMediaType": "image/png",
+}
+
+
 class PredictRequest(BaseModel):
     """``POST /v1/predict``: exactly one of ``instances`` or ``images``."""
 
@@ -56,7 +66,7 @@ class PredictRequest(BaseModel):
     images: list[str] = Field(
         None,
         description="base64-encoded PNG files, 8-bit grayscale 28×28 (scaled by /255)",
-        json_schema_extra=schema_only(minItems=1),
+        json_schema_extra=schema_only(minItems=1, items=BASE64_PNG),
     )
     mc_samples: int | None = Field(None, ge=1, description=MC_SAMPLES)
     return_samples: bool = Field(False, description="also return the K×C sampled probabilities")
@@ -71,11 +81,50 @@ class PredictRequest(BaseModel):
         return self
 
 
+BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+
+def exact_integer_bounds(node: Any) -> None:
+    """Give integer schemas their bounds back as integers, in place.
+
+    FastAPI passes the OpenAPI document through its own models, whose bounds are floats: every
+    ``maximum: 100`` becomes ``100.0``, and ``MAX_SEED`` = 2⁶³ − 1 becomes 2⁶³ — a seed the server
+    refuses. Below 2⁵³ a float holds the integer exactly; above, the known bound is put back."""
+    if isinstance(node, list):
+        for item in node:
+            exact_integer_bounds(item)
+        return
+    if not isinstance(node, dict):
+        return
+    if node.get("type") == "integer":
+        for key in BOUNDS:
+            value = node.get(key)
+            if isinstance(value, float) and value.is_integer():
+                node[key] = MAX_SEED if value == float(MAX_SEED) else int(value)
+    for value in node.values():
+        exact_integer_bounds(value)
+
+
+def form_fields_not_null(schema: dict[str, Any]) -> None:
+    """A form field is text and cannot be ``null``: an optional field is documented by its type
+    alone (omit it for the default), not as ``anyOf: [type, null]``."""
+    for prop in schema.get("properties", {}).values():
+        options = prop.get("anyOf")
+        if options is None:
+            continue
+        kept = [o for o in options if o.get("type") != "null"]
+        if len(kept) == 1:
+            del prop["anyOf"]
+            prop.update(kept[0])
+        if "default" in prop and prop["default"] is None:
+            del prop["default"]
+
+
 class FileForm(BaseModel):
     """``POST /v1/predict/file``: one PNG in ``file``, options as form fields (form fields are
     text: ``mc_samples=5`` is the number 5, ``return_samples=true`` the boolean)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=form_fields_not_null)
 
     file: UploadFile = Field(description="one PNG file, 8-bit grayscale 28×28")
     mc_samples: int | None = Field(None, ge=1, description=MC_SAMPLES)
@@ -108,7 +157,9 @@ def predict_request_model(settings: Settings) -> type[PredictRequest]:
         Field(
             None,
             description=PredictRequest.model_fields["images"].description,
-            json_schema_extra=schema_only(minItems=1, maxItems=settings.max_instances),
+            json_schema_extra=schema_only(
+                minItems=1, maxItems=settings.max_instances, items=BASE64_PNG
+            ),
         ),
     )
     return create_model(

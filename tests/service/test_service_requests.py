@@ -176,6 +176,31 @@ async def test_the_openapi_schema_is_as_strict_as_the_server(
     assert (await client.post(INFER, json=tensor(mc_samples=MAX_K, seed=3))).status_code == 200
 
 
+async def test_the_schemas_bounds_and_form_fields_are_what_the_server_takes(
+    client: Any, settings: Settings
+) -> None:
+    """Integer bounds are integers (FastAPI's OpenAPI models make them floats: 2⁶³ − 1 became
+    2⁶³, a seed the server refuses); form fields are never ``null`` (a form sends text); an
+    image string is base64 (an empty one is refused)."""
+    document = create_app(settings).openapi()
+    schemas = document["components"]["schemas"]
+    options = schemas["PredictRequest"]["properties"]["seed"]["anyOf"]
+    (seed,) = [option for option in options if "maximum" in option]
+    assert seed["maximum"] == 2**63 - 1 and isinstance(seed["maximum"], int)
+    form = schemas["FileForm"]["properties"]
+    assert form["seed"]["type"] == "integer" and form["seed"]["maximum"] == 2**63 - 1
+    assert form["mc_samples"] == {**form["mc_samples"], "type": "integer", "maximum": MAX_K}
+    assert "anyOf" not in form["seed"] and "anyOf" not in form["mc_samples"]
+    images = jsonschema.Draft202012Validator(schemas["PredictRequest"]["properties"]["images"])
+    for text in ("", "0", "abc!", "AAA"):
+        assert not images.is_valid([text]), text
+        r = await client.post("/v1/predict", json={"images": [text]})
+        assert r.status_code == 422, r.text
+    assert images.is_valid([png_b64()])
+    r = await client.post("/v1/predict", json={"images": [png_b64()], "seed": 2**63 - 1})
+    assert r.status_code == 200, r.text
+
+
 def test_bodies_are_documented_by_their_models_not_pasted_schemas(settings: Settings) -> None:
     app = create_app(settings)
     assert all(getattr(route, "openapi_extra", None) is None for route in app.routes)
