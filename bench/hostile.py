@@ -4,14 +4,16 @@ Each scenario starts its own server (the bundled model unless ``--model-dir``), 
 time or count, and prints one JSON object per scenario; ``--json`` writes them all to a file.
 
 - ``overload``: ``--clients`` (96) clients each sending 256-image requests for ``--duration`` s:
-  statuses, how fast a 503 comes back, 504s past the deadline + 10 %, jobs computed whose client
-  was not answered 200 (``succeeded`` jobs minus 200s) and jobs dropped;
+  statuses, how fast a 503 comes back (at the client, and in the server's access log), 504s past
+  the deadline + 10 %, jobs computed whose client was not answered 200 (``succeeded`` jobs minus
+  200s) and jobs dropped;
 - ``healthz``: ``/healthz`` latency (p50/p99/max) while 16 clients send 256-image requests;
 - ``aborted``: ``--aborted`` uploads (3,000 in the issue) sent half and closed at once, then the
   500s in ``/metrics``, tracebacks in the log and ``/healthz`` latency;
 - ``bomb``: the 20000×20000 PNG bomb as base64 and as an upload;
-- ``sigterm``: steady load (8 clients, 1 image), SIGTERM, with 1 and 2 worker processes:
-  transport errors and 5xx among sent requests, time to exit vs the drain delay + timeout;
+- ``sigterm``: steady load (8 raw keep-alive clients, 1 image), SIGTERM, with 1 and 2 worker
+  processes: answers, refused connections (the listener closed: nothing accepted) and resets of
+  established connections (request written, no answer), 5xx, time to exit vs delay + timeout;
 - ``heads``: 1 MiB header, 5,000 headers, a slowloris body: statuses, time to answer, RSS.
 
     python bench/hostile.py --duration 10 --aborted 3000 --json docs/bench/hostile.json
@@ -113,6 +115,7 @@ def overload(args: argparse.Namespace) -> dict[str, Any]:
     with start(args, request_timeout_s=timeout) as server:
         results = asyncio.run(heavy_clients(server.base, args.clients, args.duration, 256, args.k))
         text = metrics(server)
+        log = server.stderr_text()
     statuses = [s for s, _ in results]
     answered_200 = statuses.count(200)
     succeeded = metric_value(text, "bayesgate_inference_requests_total", outcome="succeeded")
@@ -122,6 +125,9 @@ def overload(args: argparse.Namespace) -> dict[str, Any]:
         "statuses": {str(s): statuses.count(s) for s in sorted(set(statuses))},
         "503_latency_ms_p50_max": [
             round(percentile([t * 1000 for s, t in results if s == 503], q), 1) for q in (50, 100)
+        ],
+        "503_in_server_ms_p50_max": [
+            round(percentile(server_ms(log, "/v1/predict", 503), q), 1) for q in (50, 100)
         ],
         "504_beyond_deadline_plus_10pct": sum(
             1 for s, t in results if s == 504 and t > 1.1 * timeout
@@ -133,6 +139,19 @@ def overload(args: argparse.Namespace) -> dict[str, Any]:
             for r in ("deadline", "client_gone")
         },
     }
+
+
+def server_ms(log: str, route: str, status: int) -> list[float]:
+    """Durations (ms) in the server's JSON access log of ``route``'s answers with ``status``: from
+    the request reaching the app to its answer written."""
+    out = []
+    for line in log.splitlines():
+        if '"bayesgate.access"' not in line:
+            continue
+        record = json.loads(line)
+        if record.get("route") == route and record.get("status") == status:
+            out.append(float(record["duration_ms"]))
+    return out
 
 
 async def probe_healthz(base: str, until: float) -> list[float]:

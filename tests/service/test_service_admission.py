@@ -104,6 +104,14 @@ async def test_queue_is_bounded_in_images_times_k(
     assert sorted(engine.calls) == [1, 10]  # the first job, then 4 + 4 + 2 images in one call
 
 
+async def holding_80(app: Any) -> tuple[Any, HeldEngine, asyncio.Task, asyncio.Task]:
+    """:func:`held_worker`, and an 8-image job with K = 10 queued behind it (80 image-passes)."""
+    worker, engine, first = await held_worker(app)
+    queued = asyncio.create_task(worker.predict(torch.zeros(8, 1, 28, 28), 10, timeout_s=WAIT_S))
+    await until(lambda: worker.queued_work() == 80)
+    return worker, engine, first, queued
+
+
 def compact_instances(n: int) -> bytes:
     """``n`` blank images as compact JSON: 2 bytes per pixel, so the estimate (3,072 bytes per
     instance) counts about half of them."""
@@ -119,11 +127,7 @@ async def test_a_full_queue_refuses_before_the_body_is_read(
     reads the body before deciding never answers), and nothing stays held."""
     settings = make_settings(max_queued_work=100, max_instances=64, default_mc_samples=10)
     async with serving(settings) as (app, client):
-        worker, engine, first = await held_worker(app)
-        queued = asyncio.create_task(
-            worker.predict(torch.zeros(8, 1, 28, 28), 10, timeout_s=WAIT_S)
-        )
-        await until(lambda: worker.queued_work() == 80)
+        worker, engine, first, queued = await holding_80(app)
         head = b'{"images": [' + b",".join([b'"' + b"A" * 1020 + b'"'] * 4)
         never = asyncio.Event()
 
@@ -178,11 +182,7 @@ async def test_the_exact_work_is_checked_before_decoding(
     monkeypatch.setattr(predict_route, "decode_instances", counting_decode)
     settings = make_settings(max_queued_work=100, max_instances=64, default_mc_samples=10)
     async with serving(settings) as (app, client):
-        worker, engine, first = await held_worker(app)
-        queued = asyncio.create_task(
-            worker.predict(torch.zeros(8, 1, 28, 28), 10, timeout_s=WAIT_S)
-        )
-        await until(lambda: worker.queued_work() == 80)
+        worker, engine, first, queued = await holding_80(app)
         headers = {"content-type": "application/json"}
         refused = await client.post("/v1/predict", content=compact_instances(4), headers=headers)
         fits = asyncio.create_task(
