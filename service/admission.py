@@ -68,19 +68,38 @@ class AdmitByWork(ReadBodyFirst):
         worker: BatchWorker | None = getattr(state, "worker", None)
         if worker is None or not getattr(state, "ready", False):
             return None  # the route's dependencies answer 503 not_ready
-        settings = state.settings
-        length = content_length(request)
-        k = default_mc_samples(settings, worker.model)
-        if takes_form:
-            images, where = 1, "a file upload"
-        else:
-            where = "a body of unknown length" if length is None else f"a body of {length} bytes"
-            # Refused from the head alone when even the fewer images of "instances" do not fit.
-            fewest = estimated_images(length, settings.max_instances, BYTES_PER_INSTANCE)
-            worker.check_fits(fewest * k, estimate_text(fewest, k, where))
-            instances = b'"instances"' in await first_piece(request)
-            per_image = BYTES_PER_INSTANCE if instances else BYTES_PER_IMAGE
-            images = estimated_images(length, settings.max_instances, per_image)
-        reservation = worker.reserve(images * k, estimate_text(images, k, where))
-        request.state.reservation = reservation
+        reservation = await hold_estimate(request, worker, takes_form)
         return lambda: worker.release(reservation)
+
+
+async def hold_estimate(request: Request, worker: BatchWorker, takes_form: bool) -> Reservation:
+    """Hold the request's estimated work (step 1 above) as ``request.state.reservation``;
+    :class:`~bayesgate.service.errors.QueueFull` when it does not fit. The caller releases it
+    (:meth:`~bayesgate.service.worker.BatchWorker.release`) when the request is done."""
+    settings = request.app.state.settings
+    length = content_length(request)
+    k = default_mc_samples(settings, worker.model)
+    if takes_form:
+        images, where = 1, "a file upload"
+    else:
+        where = "a body of unknown length" if length is None else f"a body of {length} bytes"
+        # Refused from the head alone when even the fewer images of "instances" do not fit.
+        fewest = estimated_images(length, settings.max_instances, BYTES_PER_INSTANCE)
+        worker.check_fits(fewest * k, estimate_text(fewest, k, where))
+        instances = b'"instances"' in await first_piece(request)
+        per_image = BYTES_PER_INSTANCE if instances else BYTES_PER_IMAGE
+        images = estimated_images(length, settings.max_instances, per_image)
+    reservation = worker.reserve(images * k, estimate_text(images, k, where))
+    request.state.reservation = reservation
+    return reservation
+
+
+def hold_exact_work(request: Request, worker: BatchWorker, work: int) -> Reservation:
+    """Replace the request's estimate by its exact ``work`` (step 2 above; held anew when no
+    estimate was held); :class:`~bayesgate.service.errors.QueueFull` when it does not fit."""
+    reservation = reservation_of(request)
+    if reservation is None:
+        request.state.reservation = reservation = worker.reserve(work)
+    else:
+        worker.resize(reservation, work)
+    return reservation

@@ -270,6 +270,20 @@ class BatchWorker:
                 "(BAYESGATE_MAX_QUEUED_WORK); retry later"
             )
 
+    def check_room(self) -> None:
+        """:class:`QueueFull` at once when the queue is already full (in jobs, or in work held),
+        for a request whose work is not known before it is decoded (``/v2``)."""
+        with self._work_lock:
+            held = self._queued_work + self._reserved_work
+            if self.max_queued_work is not None and held >= self.max_queued_work:
+                self._reject()
+                raise QueueFull(
+                    f"the inference queue is full: it holds {held} image-passes (images × K) of "
+                    f"work, the limit is {self.max_queued_work} (BAYESGATE_MAX_QUEUED_WORK); "
+                    "retry later"
+                )
+            self._refuse_unless_fits(0, "needs nothing yet")  # full in jobs
+
     def check_fits(self, work: int, what: str | None = None) -> None:
         """:class:`QueueFull` at once when ``work`` more image-passes would not fit (nothing is
         held)."""

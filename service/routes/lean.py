@@ -30,6 +30,8 @@ from starlette.responses import Response
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from bayesgate.service.admission import hold_estimate, hold_exact_work
+from bayesgate.service.deps import default_mc_samples
 from bayesgate.service.errors import (
     InvalidInput,
     NotReady,
@@ -57,15 +59,24 @@ def ready_worker(request: Request) -> BatchWorker:
 
 
 async def decode(
-    request: Request, body: bytes, settings: Settings, worker: BatchWorker, work: Callable[[], T]
+    request: Request,
+    body: bytes,
+    settings: Settings,
+    worker: BatchWorker,
+    work: Callable[[], T],
+    passes: int | None = None,
 ) -> T:
     """``work()`` on the loop for a body up to :data:`INLINE_DECODE_BYTES`, in a thread above
     (:func:`~bayesgate.service.routes.predict.decode_off_loop`, bounded by the deadline); the
-    queue's room is checked first either way."""
+    request's exact image-passes (images × K) are held first either way, or refused (503) —
+    without ``passes``, the queue's room is checked."""
     if len(body) <= INLINE_DECODE_BYTES:
-        worker.check_room()
+        if passes is None:
+            worker.check_room()
+        else:
+            hold_exact_work(request, worker, passes)
         return work()
-    return await v1.decode_off_loop(request, settings, worker, work)
+    return await v1.decode_off_loop(request, settings, worker, work, passes=passes)
 
 
 class LeanEndpoint:
@@ -99,12 +110,23 @@ class PredictEndpoint(LeanEndpoint):
                 "(use /v1/predict/file for uploads)"
             )
         worker = ready_worker(request)
+        reservation = await hold_estimate(request, worker, takes_form=False)
+        try:
+            return await self.predict(request, worker)
+        finally:
+            worker.release(reservation)
+
+    async def predict(self, request: Request, worker: BatchWorker) -> Response:
         settings, served = request.app.state.settings, worker.model
         body = await request.body()
         if not body:
             raise InvalidInput("body: missing (expected a JSON object)")
         predict = validated(self.predict_request, parse_json(body))
+        k = predict.mc_samples
+        if k is None:
+            k = default_mc_samples(settings, served)
         if predict.instances is not None:
+            images = len(predict.instances)
             work = partial(  # the decoders /v1's FastAPI route names (one place to replace them)
                 v1.decode_instances,
                 predict.instances,
@@ -113,12 +135,13 @@ class PredictEndpoint(LeanEndpoint):
                 settings.max_instances,
             )
         else:
+            images = len(predict.images)
             work = partial(
                 v1.decode_images, predict.images, served.input_shape, settings.max_instances
             )
-        x = await decode(request, body, settings, worker, work)
+        x = await decode(request, body, settings, worker, work, images * k)
         return await v1.answer(
-            request, x, predict.mc_samples, predict.seed, predict.return_samples, worker, settings
+            request, x, k, predict.seed, predict.return_samples, worker, settings
         )
 
 

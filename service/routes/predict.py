@@ -24,7 +24,7 @@ import torch
 from fastapi import APIRouter, Depends, Form, Request
 from fastapi.responses import Response
 
-from bayesgate.service.admission import AdmitByWork, reservation_of
+from bayesgate.service.admission import AdmitByWork, hold_exact_work, reservation_of
 from bayesgate.service.deps import ServedDep, SettingsDep, WorkerDep, default_mc_samples
 from bayesgate.service.errors import DeadlineExceeded, InvalidInput
 from bayesgate.service.fast_json import json_response
@@ -73,18 +73,18 @@ async def decode_off_loop(
     request: Request,
     settings: Settings,
     worker: BatchWorker,
-    work: int,
     decode: Callable[..., T],
     *args: Any,
+    passes: int | None = None,
 ) -> T:
     """``decode(*args)`` in the decoding thread (:func:`in_decoder`), refused at once when the
-    request's exact ``work`` (images × K) does not fit the queue, 504 at the request's deadline
-    (a decode that has not started by then never runs)."""
-    reservation = reservation_of(request)
-    if reservation is None:  # not admitted by AdmitByWork: hold the work now
-        request.state.reservation = reservation = worker.reserve(work)
+    request's exact ``passes`` (images × K) do not fit the queue (without ``passes``: when the
+    queue is full), 504 at the request's deadline (a decode that has not started by then never
+    runs)."""
+    if passes is None:
+        worker.check_room()
     else:
-        worker.resize(reservation, work)
+        hold_exact_work(request, worker, passes)
     remaining = arrived_at(request.scope) + settings.request_timeout_s - time.monotonic()
     try:
         return await asyncio.wait_for(in_decoder(decode, *args), max(remaining, 0.0))
@@ -143,23 +143,23 @@ def build_router(settings: Settings) -> APIRouter:
                 request,
                 settings,
                 worker,
-                len(body.instances) * k,
                 decode_instances,
                 body.instances,
                 served.input_shape,
                 served.input_range,
                 settings.max_instances,
+                passes=len(body.instances) * k,
             )
         else:
             x = await decode_off_loop(
                 request,
                 settings,
                 worker,
-                len(body.images) * k,
                 decode_images,
                 body.images,
                 served.input_shape,
                 settings.max_instances,
+                passes=len(body.images) * k,
             )
         return await answer(request, x, k, body.seed, body.return_samples, worker, settings)
 
@@ -182,7 +182,7 @@ def build_router(settings: Settings) -> APIRouter:
             raise InvalidInput("file: the uploaded file is empty")
         k = default_mc_samples(settings, served) if form.mc_samples is None else form.mc_samples
         pixels = await decode_off_loop(
-            request, settings, worker, k, decode_png, data, "file", served.input_shape
+            request, settings, worker, decode_png, data, "file", served.input_shape, passes=k
         )
         x = torch.from_numpy(pixels).unsqueeze(0)
         return await answer(request, x, k, form.seed, form.return_samples, worker, settings)
