@@ -15,7 +15,10 @@ variation ratio, Mahalanobis per layer, ``−log KD``, fused):
 Adversarial images are cached per model, attack, subset, attack K and seed as ``.npz`` (no
 pickle) under ``cache_dir`` (default ``~/.cache/bayesgate/detect-eval``), so an interrupted run
 resumes at the next attack and a re-run only rescores (the success verdicts are recomputed with
-the evaluation's K).
+the evaluation's K). A larger subset continues the longest cached one of the same attack: the
+first ``m`` images come from the cache, images ``m…n−1`` are attacked as their own run with the
+same seed (their masks and random starts repeat the first run's stream, on other images), and the
+``n`` images are cached with ``continued_from = m`` in their metadata.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from torch import nn
 
 from bayesgate.attacks.methods import Attack
 from bayesgate.attacks.metrics import detection_metrics
-from bayesgate.attacks.ood import OOD_LABELS, OOD_SETS, ood_images
+from bayesgate.attacks.ood import DEFAULT_OOD, OOD_LABELS, OOD_SETS, ood_images
 from bayesgate.attacks.run import attack_in_batches, attack_targets, mc_predictions, verdicts
 from bayesgate.attacks.specs import parse_attacks
 from bayesgate.models.detection.detector import Detector, collect_features, scores_numpy
@@ -60,7 +63,7 @@ class EvalSettings:
     the scores (``None``: the detector's), K of the attacks (``None``: the card's ``k_attack``)."""
 
     attacks: tuple[str, ...] = EVAL_ATTACKS
-    ood: tuple[str, ...] = tuple(OOD_SETS)
+    ood: tuple[str, ...] = DEFAULT_OOD
     limit: int | None = 1000
     attack_limits: dict[str, int] = field(default_factory=dict)
     k: int | None = None
@@ -272,13 +275,28 @@ class _EvalRun(DetectorRun):
         (clean prediction right, the only ones judged) that is the model's own prediction, so
         the images do not depend on the evaluation's K and one cache serves every K.
         """
-        name = _cache_name(spec, x.shape[0], self.k_attack, self.settings.seed)
-        path = self.cache / name
+        path = self.cache / _cache_name(spec, x.shape[0], self.k_attack, self.settings.seed)
         if path.is_file():
-            with np.load(path, allow_pickle=False) as data:
-                seconds = float(json.loads(str(data["meta"]))["seconds"])
-                return torch.from_numpy(data["x_adv"]), torch.from_numpy(data["target"]), seconds
+            return _load_images(path)
+        prefix = _cached_prefix(self.cache, spec, x.shape[0], self.k_attack, self.settings.seed)
+        done = 0 if prefix is None else prefix[0].shape[0]
         started = time.perf_counter()
+        x_rest, target_rest = self._attack(spec, x[done:], y[done:])
+        seconds = round(time.perf_counter() - started, 1)
+        meta: dict[str, Any] = {"attack": spec.key, "seconds": seconds}
+        if prefix is not None:
+            x_rest, target_rest = (
+                torch.cat([prefix[0], x_rest]),
+                torch.cat([prefix[1], target_rest]),
+            )
+            meta.update(seconds=round(prefix[2] + seconds, 1), continued_from=done)
+        _save_images(path, x_rest, target_rest, meta)
+        return x_rest, target_rest, meta["seconds"]
+
+    def _attack(
+        self, spec: Attack, x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(x_adv, target)`` of ``spec`` on ``x`` as one run seeded ``settings.seed``."""
         target = attack_targets(self.network, x, y, spec, self.settings.seed, self.device)
         x_adv = attack_in_batches(
             self.network,
@@ -291,9 +309,7 @@ class _EvalRun(DetectorRun):
             device=self.device,
             progress=self.progress,
         )
-        seconds = round(time.perf_counter() - started, 1)
-        _save_images(path, x_adv, target, {"attack": spec.key, "seconds": seconds})
-        return x_adv, target, seconds
+        return x_adv, target
 
     def ood_set(self, name: str, x: torch.Tensor) -> ScoredSet:
         x_ood = ood_images(name, x, seed=self.settings.seed)
@@ -307,6 +323,20 @@ class _EvalRun(DetectorRun):
 def _cache_name(spec: Attack, n: int, k_attack: int, seed: int) -> str:
     safe = spec.key.replace(":", "_").replace(",", "_").replace("=", "")
     return f"{safe}-n{n}-ka{k_attack}-s{seed}.npz"
+
+
+def _load_images(path: Path) -> tuple[torch.Tensor, torch.Tensor, float]:
+    with np.load(path, allow_pickle=False) as data:
+        seconds = float(json.loads(str(data["meta"]))["seconds"])
+        return torch.from_numpy(data["x_adv"]), torch.from_numpy(data["target"]), seconds
+
+
+def _cached_prefix(
+    cache: Path, spec: Attack, n: int, k_attack: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, float] | None:
+    """The cached images of the same attack on the longest first ``m < n`` test images, if any."""
+    sizes = [m for m in range(1, n) if (cache / _cache_name(spec, m, k_attack, seed)).is_file()]
+    return _load_images(cache / _cache_name(spec, max(sizes), k_attack, seed)) if sizes else None
 
 
 def _save_images(

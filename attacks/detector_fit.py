@@ -3,7 +3,9 @@
 Data (never the test split):
 
 1. **training split** (``train_subset`` images): features from :func:`collect_features` (K MC
-   passes) → class Gaussians per layer and the KDE samples, with the true labels;
+   passes) → class Gaussians per network layer (not the ``input`` pixels: a pixel-space distance
+   lowered the unseen CW and rotated-digit rates, docs/detector.md) and the KDE samples, with the
+   true labels;
 2. **validation split**, shuffled once by ``seed`` and cut into two disjoint parts:
    - *fit* part (``fit_images``): the KDE bandwidth (held-out log-likelihood, true labels); the
      clean side (label 0) of the fusion; the first ``attack_images`` of it are attacked with every
@@ -12,7 +14,7 @@ Data (never the test split):
      *successful* adversarial examples (:mod:`bayesgate.attacks.run`) are the logistic fusion's
      label 1; with ``rule="min-p"`` (default) the fit part's clean scores of the logit and of
      predictive entropy are the reference of conformal p-values and ``fused`` is their minimum
-     (:data:`MIN_P_SCORES`; the logit stays as ``fused_logistic``);
+     (:func:`min_p_scores`; the logit stays as ``fused_logistic``);
    - *threshold* part (``threshold_images``, other clean images): every score's threshold at
      ``target_fpr`` (:func:`bayesgate.attacks.metrics.threshold_at_fpr`), and its realised FPR.
 
@@ -42,10 +44,12 @@ from bayesgate.models.detection.detector import (
     FUSED_LOGISTIC,
     Detector,
     collect_features,
+    mahalanobis_names,
     scores_numpy,
 )
 from bayesgate.models.detection.fit import fit_gaussians, fit_kde, fused_score_names, transform_for
 from bayesgate.models.detection.fusion import fit_fusion
+from bayesgate.models.mc.engine import INPUT_LAYER
 from bayesgate.models.store.directory import LoadedModel
 
 
@@ -148,7 +152,9 @@ def fit_detector(
     detector.fusion = fit_fusion(clean, pooled, names, transforms, settings.l2)
     if settings.rule == "min-p":
         logit = scores_numpy_fused(detector, fit_clean)[FUSED]  # before the rule exists
-        detector.conformal = fit_conformal({**fit_clean, FUSED_LOGISTIC: logit}, MIN_P_SCORES)
+        detector.conformal = fit_conformal(
+            {**fit_clean, FUSED_LOGISTIC: logit}, min_p_scores(detector)
+        )
 
     thr_clean = scores_numpy(detector, *run.collect(x_val[thr_rows], "validation (threshold part)"))
     detector.thresholds = {
@@ -184,6 +190,15 @@ MIN_P_SCORES = (FUSED_LOGISTIC, "predictive_entropy")
 """"Logistic OR entropy" with the FPR budget split by the minimum p-value: the logit keeps what it
 learnt from the seen attacks, entropy's evidence (which the logit, fitted on attacks the trunk
 distance separates, weights down) is never forgotten. See docs/detector.md for the comparison."""
+INPUT_SCORE = mahalanobis_names(INPUT_LAYER)[0]
+"""The pixel-space Mahalanobis distance (closest class): a third p-value of the min-p rule when a
+detector has ``input`` Gaussians (only ``bench/detector_input_layer.py`` adds them: the
+experiment of docs/detector.md, which this rule lost)."""
+
+
+def min_p_scores(detector: Detector) -> tuple[str, ...]:
+    """:data:`MIN_P_SCORES`, plus :data:`INPUT_SCORE` when the detector has input Gaussians."""
+    return MIN_P_SCORES + ((INPUT_SCORE,) if INPUT_LAYER in detector.gaussians else ())
 
 
 def scores_numpy_fused(detector: Detector, scores: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -20,6 +20,7 @@ import torch
 from bayesgate.models.detection.detector import KDE_SCORE, UNCERTAINTY_SCORES, mahalanobis_names
 from bayesgate.models.detection.kde import ClassKDE, choose_bandwidth, subsample_per_class
 from bayesgate.models.detection.mahalanobis import ClassGaussians, fit_class_gaussians
+from bayesgate.models.mc.engine import INPUT_LAYER
 
 KDE_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
@@ -29,10 +30,16 @@ def fit_gaussians(
     labels: torch.Tensor,
     n_classes: int,
     shrinkage: float | None = None,
+    *,
+    include_input: bool = False,
 ) -> dict[str, ClassGaussians]:
-    """:class:`ClassGaussians` per feature layer (Ledoit–Wolf shrinkage when ``None``)."""
+    """:class:`ClassGaussians` per feature layer (Ledoit–Wolf shrinkage when ``None``); the
+    ``input`` pixels only with ``include_input`` (a pixel-space distance lowered the unseen CW and
+    rotated-digit rates of the min-p rule: docs/detector.md)."""
     return {
-        layer: fit_class_gaussians(f, labels, n_classes, shrinkage) for layer, f in features.items()
+        layer: fit_class_gaussians(f, labels, n_classes, shrinkage)
+        for layer, f in features.items()
+        if layer != INPUT_LAYER or include_input
     }
 
 

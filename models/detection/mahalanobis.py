@@ -13,7 +13,9 @@ Fitted on training features ``f_n`` (``N×D``) with labels ``y_n``:
 
 Scores of a feature ``f`` (``B×D``): ``d_c(f) = (f − μ_c)ᵀ P (f − μ_c)`` (``B×C``), the distance to
 the closest class ``min_c d_c(f)`` and to the predicted class ``d_ŷ(f)``. Larger = further from
-the training data = more suspicious.
+the training data = more suspicious. They are computed whitened: with the Cholesky factor
+``P = L Lᵀ`` (float64 at load, kept float32), ``d_c(f) = ‖Lᵀf − Lᵀμ_c‖²``, where ``Lᵀμ_c`` is
+precomputed — one ``D×D`` product per input instead of one per input and class.
 """
 
 from __future__ import annotations
@@ -36,11 +38,15 @@ class ClassGaussians:
         # kernel than the row-major copy read back from safetensors and differs in the last bit
         object.__setattr__(self, "means", self.means.contiguous())
         object.__setattr__(self, "precision", self.precision.contiguous())
+        chol = torch.linalg.cholesky(self.precision.double())  # P = L Lᵀ
+        object.__setattr__(self, "_whiten", chol.to(self.means.dtype).contiguous())
+        object.__setattr__(self, "_white_means", (self.means.double() @ chol).to(self.means.dtype))
 
     def distances(self, f: torch.Tensor) -> torch.Tensor:
-        """Squared Mahalanobis distances ``d_c(f) = (f − μ_c)ᵀ P (f − μ_c)``, ``B×C``."""
-        diff = f.to(self.means.dtype).unsqueeze(1) - self.means.unsqueeze(0)  # B×C×D
-        return ((diff @ self.precision) * diff).sum(dim=-1).clamp_min(0.0)
+        """Squared Mahalanobis distances ``d_c(f) = (f − μ_c)ᵀ P (f − μ_c) = ‖Lᵀ(f − μ_c)‖²``,
+        ``B×C``."""
+        u = f.to(self.means.dtype) @ self._whiten  # rows Lᵀf
+        return (u.unsqueeze(1) - self._white_means.unsqueeze(0)).pow(2).sum(dim=-1)
 
     def scores(self, f: torch.Tensor, predicted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(min_c d_c(f), d_ŷ(f))``, each ``B``, for predicted classes ``ŷ`` (int64 ``B``)."""

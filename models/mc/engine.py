@@ -29,6 +29,8 @@ from torch import nn
 from bayesgate.models.mc.dropout import mc_sampling
 
 DEFAULT_MAX_ROWS = 8192
+INPUT_LAYER = "input"
+"""Feature name of the flattened input image, which every network's features include."""
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -88,12 +90,14 @@ def mc_predict_features(
 ) -> MCFeaturePrediction:
     """:func:`mc_predict` plus the detector's features from the same K passes (no second forward).
 
+    ``features["input"]`` is the flattened image (:data:`INPUT_LAYER`, every network);
     ``features["trunk"]`` (networks whose ``feature_layers`` name it) is computed once per input;
     ``features["penultimate"] = (1/K) Σ_k head[:penultimate_at](trunk(x))`` over the K passes
     that give the probabilities. Same masks as :func:`mc_predict` for the same generator state.
     """
     log_p, features = _predict(model, x, k, generator, max_rows, precision, with_features=True)
-    return MCFeaturePrediction(log_p.exp(), log_p, features or {})
+    features = {**(features or {}), INPUT_LAYER: _input_features(x).detach().clone()}
+    return MCFeaturePrediction(log_p.exp(), log_p, features)
 
 
 def mc_logits_features(
@@ -107,7 +111,12 @@ def mc_logits_features(
     _check_k(k)
     h = model.trunk(x)
     out, pen_sum = _head_pass(model, h, k, with_features=True)
-    return out, _feature_dict(model, h, pen_sum, k)
+    return out, {**_feature_dict(model, h, pen_sum, k), INPUT_LAYER: _input_features(x)}
+
+
+def _input_features(x: torch.Tensor) -> torch.Tensor:
+    """The pixels themselves, ``B×(H·W·…)`` float32: the input layer a detector can read."""
+    return x.reshape(x.shape[0], -1).float()
 
 
 def _predict(

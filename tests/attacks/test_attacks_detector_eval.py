@@ -217,6 +217,33 @@ def test_detect_eval_cli_files_numbers_and_cache(
     assert again["rows"] == data["rows"]
 
 
+def test_a_larger_subset_continues_the_cached_prefix(detector_dir: Path, tmp_path: Path) -> None:
+    """n = 50 after n = 20: the first 20 images are the cached ones, images 20…49 are exactly
+    an independent run of the same attack and seed on those images, and the metadata says so."""
+    loaded, det = load_model(detector_dir), load_detector(detector_dir)
+    spec = detect_eval.parse_attacks(["targeted:steps=3,eta=0.05"])[0]
+    x, y = load_mnist("test", limit=50)
+    settings = detect_eval.EvalSettings(k_attack=5, cache_dir=tmp_path, batch_size=16)
+    run = detect_eval._EvalRun(loaded, det, settings, torch.device("cpu"), False)
+    first, first_target, _ = run.adversarial_images(spec, x[:20], y[:20])
+    both, target, _ = run.adversarial_images(spec, x, y)
+    torch.testing.assert_close(both[:20], first, rtol=0, atol=0)
+    torch.testing.assert_close(target[:20], first_target, rtol=0, atol=0)
+    fresh = detect_eval._EvalRun(
+        loaded,
+        det,
+        detect_eval.EvalSettings(k_attack=5, cache_dir=tmp_path / "other", batch_size=16),
+        torch.device("cpu"),
+        False,
+    )
+    rest, rest_target, _ = fresh.adversarial_images(spec, x[20:], y[20:])
+    torch.testing.assert_close(both[20:], rest, rtol=0, atol=0)
+    torch.testing.assert_close(target[20:], rest_target, rtol=0, atol=0)
+    name = detect_eval._cache_name(spec, 50, 5, 0)
+    with np.load(run.cache / name, allow_pickle=False) as data:
+        assert json.loads(str(data["meta"]))["continued_from"] == 20
+
+
 def test_detect_eval_without_detector_is_one_line(
     tiny_model_dir: Path, tmp_path: Path, capsys
 ) -> None:

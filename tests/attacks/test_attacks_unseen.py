@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from torch import nn
 from bayesgate.attacks.methods import CWL2, PGD, Square
 from bayesgate.attacks.methods.square import margin, p_schedule
 from bayesgate.attacks.model_fn import log_predictive_fn
-from bayesgate.attacks.ood import OOD_SETS, ood_images
+from bayesgate.attacks.ood import OOD_SETS, ood_images, rotate
 from bayesgate.attacks.run import mc_predictions, run_attack
 from bayesgate.attacks.specs import parse_attack
 from bayesgate.models.data.mnist import load_mnist
@@ -180,3 +181,53 @@ def test_ood_transforms_by_hand() -> None:
     assert float(uniform.mean()) == pytest.approx(0.5, abs=0.005)
     with pytest.raises(ValueError, match="unknown OOD set"):
         ood_images("cifar", x)
+
+
+def test_fresh_ood_transforms_by_hand() -> None:
+    """rotated180 = both flips; rotated45 moves a pixel to where the rotation matrix sends it;
+    shifted = slicing; the blur of a point is its normalised Gaussian kernel."""
+    x = torch.rand(3, 1, 28, 28, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(ood_images("rotated180", x), x.flip(-1).flip(-2))
+    # the bilinear rotation turns the same way as torch.rot90 (the "rotated" set)
+    torch.testing.assert_close(rotate(x, 90.0), torch.rot90(x, 1, dims=(-2, -1)), rtol=0, atol=1e-5)
+    moved = ood_images("shifted", x)
+    assert torch.equal(moved[..., 6:, 6:], x[..., :22, :22])
+    assert moved[..., :6, :].abs().sum() == 0 and moved[..., :, :6].abs().sum() == 0
+    # a 2×2 block right of the centre (13.5, 13.5), rotated 45° counter-clockwise, lands up and
+    # right: its centre of mass is at the rotated position
+    block = torch.zeros(1, 1, 28, 28)
+    block[0, 0, 13:15, 21:23] = 1.0  # centre (row 13.5, col 21.5): offset (dy, dx) = (0, 8)
+    out = ood_images("rotated45", block)[0, 0].double()
+    rows, cols = torch.meshgrid(torch.arange(28.0), torch.arange(28.0), indexing="ij")
+    cy, cx = (rows * out).sum() / out.sum() - 13.5, (cols * out).sum() / out.sum() - 13.5
+    c, s = math.cos(math.pi / 4), math.sin(math.pi / 4)
+    # counter-clockwise on screen (row axis pointing down): (dx, dy) → (c·dx + s·dy, −s·dx + c·dy)
+    assert float(cx) == pytest.approx(c * 8.0, abs=0.05)
+    assert float(cy) == pytest.approx(-s * 8.0, abs=0.05)
+    point = torch.zeros(1, 1, 28, 28)
+    point[0, 0, 14, 14] = 1.0
+    blurred = ood_images("blurred", point)[0, 0].double()
+    t = torch.arange(-6, 7, dtype=torch.float64)
+    g = torch.exp(-(t**2) / 8.0)
+    g = g / g.sum()
+    torch.testing.assert_close(blurred[8:21, 8:21], torch.outer(g, g), rtol=0, atol=1e-6)
+
+
+def test_letters_are_centred_mnist_style_glyphs() -> None:
+    """52 letters × fonts, ink box ≤ 20 px, centre of mass within a pixel of the frame centre;
+    the same seed gives the same images, another seed other rotations."""
+    x = torch.zeros(60, 1, 28, 28)
+    letters = ood_images("letters", x, seed=0)
+    ink = letters[:, 0] > 0.05
+    assert bool(ink.flatten(1).any(dim=1).all())
+    rows = ink.any(dim=2).float().sum(dim=1)
+    cols = ink.any(dim=1).float().sum(dim=1)
+    assert int(torch.maximum(rows, cols).max()) <= 21  # 20 px box (+1 for resampling fringe)
+    grid = torch.arange(28.0)
+    mass = letters[:, 0].sum(dim=(1, 2))
+    cy = (letters[:, 0].sum(dim=2) * grid).sum(dim=1) / mass
+    cx = (letters[:, 0].sum(dim=1) * grid).sum(dim=1) / mass
+    assert float((cy - 13.5).abs().max()) <= 1.0 and float((cx - 13.5).abs().max()) <= 1.0
+    assert not torch.equal(letters, ood_images("letters", x, seed=1))
+    # image 0 is "A" and image 26 "a": different glyphs
+    assert not torch.equal(letters[0], letters[26])

@@ -40,8 +40,9 @@ def test_probabilities_are_those_of_mc_predict(
     with_features = mc_predict_features(net, x, 4, generator=_gen(2), max_rows=max_rows)
     assert torch.equal(plain.probs, with_features.probs)
     assert {n: tuple(f.shape) for n, f in with_features.features.items()} == {
-        n: (5, d) for n, d in layers.items()
+        n: (5, d) for n, d in {**layers, "input": 784}.items()
     }
+    assert torch.equal(with_features.features["input"], x.flatten(1))
 
 
 def test_weight_sampling_bbb_gives_the_same_probabilities() -> None:
@@ -82,3 +83,6 @@ def test_features_are_differentiable_in_attack_mode() -> None:
     assert logits.shape == (2, 3, 10)
     (features["trunk"].sum() + features["penultimate"].sum()).backward()
     assert x.grad is not None and x.grad.abs().sum() > 0
+    x.grad = None
+    features["input"].pow(2).sum().backward()  # the pixels themselves: ∂Σx²/∂x = 2x
+    torch.testing.assert_close(x.grad, 2 * x.detach())

@@ -187,3 +187,31 @@ def test_fused_threshold_keeps_its_fpr_on_held_out_clean_scores() -> None:
     # the calibration quantile's own spread plus the test estimate's, at about 4 σ
     tol = 4 * math.sqrt(target * (1 - target) * (1 / n_cal + 1 / n_test))
     assert abs(fpr - target) < tol
+
+
+def test_pixel_space_distance_is_the_shrunk_mahalanobis_of_the_pixels() -> None:
+    """An ``input`` layer (opt-in) scores the flattened pixels: min over classes of
+    ``(x − μ_c)ᵀ Σ⁻¹ (x − μ_c)``, ``Σ = (1 − δ)S + δ (tr S / D) I``, computed here in float64 numpy
+    from the definition; without ``include_input`` the layer is not fitted."""
+    from bayesgate.attacks.detector_fit import INPUT_SCORE, min_p_scores
+    from bayesgate.models.detection.detector import Detector
+    from bayesgate.models.detection.fit import fit_gaussians
+
+    rng = np.random.default_rng(3)
+    pixels = rng.uniform(0, 1, (60, 16)) * (rng.uniform(0, 1, 16) > 0.3)  # some constant pixels
+    labels = np.repeat(np.arange(C), 20)
+    feats = {"input": torch.from_numpy(pixels).float()}
+    y = torch.from_numpy(labels)
+    assert fit_gaussians(feats, y, C) == {}
+    det = Detector("0" * 64, 5, fit_gaussians(feats, y, C, shrinkage=0.2, include_input=True))
+    mu = np.stack([pixels[labels == c].mean(0) for c in range(C)])
+    centred = pixels - mu[labels]
+    s = centred.T @ centred / len(pixels)
+    sigma = 0.8 * s + 0.2 * np.trace(s) / 16 * np.eye(16)
+    probe = rng.uniform(0, 1, (7, 16))
+    diff = probe[:, None, :] - mu[None]
+    expected = np.einsum("bcd,de,bce->bc", diff, np.linalg.inv(sigma), diff).min(axis=1)
+    probs = torch.full((7, 5, C), 1.0 / C)
+    got = det.scores(probs, {"input": torch.from_numpy(probe).float()})[INPUT_SCORE]
+    np.testing.assert_allclose(got.double().numpy(), expected, rtol=2e-4)
+    assert min_p_scores(det)[-1] == INPUT_SCORE
