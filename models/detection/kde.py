@@ -33,10 +33,10 @@ class ClassKDE:
     samples: torch.Tensor
     offsets: torch.Tensor
     bandwidth: float
-    # derived once: the samples in float32, their squared norms, each class's row range
+    # derived once: the samples in float32 and each class's row range; per-class terms lazily
     _rows: torch.Tensor = field(init=False, repr=False, compare=False)
-    _sq_norms: torch.Tensor = field(init=False, repr=False, compare=False)
     _bounds: list[tuple[int, int]] = field(init=False, repr=False, compare=False)
+    _terms: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         counts = self.offsets.diff()
@@ -45,7 +45,6 @@ class ClassKDE:
         object.__setattr__(self, "samples", self.samples.contiguous())
         rows = self.samples.float()
         object.__setattr__(self, "_rows", rows)
-        object.__setattr__(self, "_sq_norms", (rows * rows).sum(1))
         bounds = self.offsets.tolist()
         object.__setattr__(self, "_bounds", list(itertools.pairwise(bounds)))
 
@@ -71,11 +70,28 @@ class ClassKDE:
         return out
 
     def _class_log_density(self, f: torch.Tensor, c: int) -> torch.Tensor:
-        """``logsumexp_i(−‖f_b − s_i‖²/σ²) − log n_c`` over the samples ``s_i`` of class ``c``."""
-        lo, hi = self._bounds[c]
-        s, sq_norms = self._rows[lo:hi].to(f.dtype), self._sq_norms[lo:hi].to(f.dtype)
-        sq = (f * f).sum(1, keepdim=True) + sq_norms - 2.0 * (f @ s.T)
-        return torch.logsumexp(-sq.clamp_min(0.0) / self.bandwidth**2, dim=1) - math.log(hi - lo)
+        """``logsumexp_i(−‖f_b − s_i‖²/σ²) − log n_c`` over the samples ``s_i`` of class ``c``,
+        as ``logsumexp_i(f_b·(2s_i/σ²) − ‖s_i‖²/σ²) − ‖f_b‖²/σ² − log n_c`` (``‖f_b‖²`` is the
+        same for every ``i``; the scaled samples and norms are precomputed per class)."""
+        weights, offsets, log_n = self._class_terms(c, f.dtype)
+        inner = torch.logsumexp(f @ weights - offsets, dim=1)
+        return inner - (f * f).sum(1) / self.bandwidth**2 - log_n
+
+    def _class_terms(self, c: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """``(2 s_iᵀ/σ² (D×n_c), ‖s_i‖²/σ² (n_c), log n_c)`` of class ``c``, cached per dtype."""
+        key = (c, dtype)
+        cached = self._terms.get(key)
+        if cached is None:
+            lo, hi = self._bounds[c]
+            s = self._rows[lo:hi].double()
+            scale = 1.0 / self.bandwidth**2
+            cached = (
+                (2.0 * scale * s.T).to(dtype).contiguous(),
+                (scale * (s * s).sum(1)).to(dtype),
+                math.log(hi - lo),
+            )
+            self._terms[key] = cached
+        return cached
 
     def class_samples(self, c: int) -> torch.Tensor:
         return self.samples[int(self.offsets[c]) : int(self.offsets[c + 1])]

@@ -45,7 +45,7 @@ class ClassGaussians:
     def distances(self, f: torch.Tensor) -> torch.Tensor:
         """Squared Mahalanobis distances ``d_c(f) = (f − μ_c)ᵀ P (f − μ_c) = ‖Lᵀ(f − μ_c)‖²``,
         ``B×C``."""
-        u = f.to(self.means.dtype) @ self._whiten  # rows Lᵀf
+        u = (f if f.dtype == self.means.dtype else f.to(self.means.dtype)) @ self._whiten  # Lᵀf
         return (u.unsqueeze(1) - self._white_means.unsqueeze(0)).pow(2).sum(dim=-1)
 
     def scores(self, f: torch.Tensor, predicted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
