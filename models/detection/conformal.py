@@ -63,8 +63,19 @@ class ConformalFusion:
         return torch.stack(columns, dim=-1)
 
     def score(self, scores: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """``fused = −log min_j p_j`` (``B``), exact; not differentiable (see :meth:`smooth`)."""
-        return -torch.log(self.p_values(scores).amin(dim=-1))
+        """``fused = −log min_j p_j`` (``B``), exact; not differentiable (see :meth:`smooth`).
+
+        The minimum is taken as the p-values are made (no ``B×F`` stack: the request path)."""
+        smallest = None
+        for j, name in enumerate(self.names):
+            s = scores[name]
+            ref = self._reference(j, s)
+            n = ref.numel()
+            # 1 + #{r ≥ s} = 1 + n − #{r < s}; searchsorted (left) counts #{r < s}
+            p = (n + 1 - torch.searchsorted(ref, s.detach().contiguous())).to(s.dtype) / (n + 1)
+            smallest = p if smallest is None else torch.minimum(smallest, p)
+        assert smallest is not None  # names is non-empty (checked at construction)
+        return -torch.log(smallest)
 
     def smooth(
         self, scores: Mapping[str, torch.Tensor], temperature: float = SURROGATE_TEMPERATURE

@@ -96,7 +96,7 @@ def mc_predict_features(
     that give the probabilities. Same masks as :func:`mc_predict` for the same generator state.
     """
     log_p, features = _predict(model, x, k, generator, max_rows, precision, with_features=True)
-    features = {**(features or {}), INPUT_LAYER: _input_features(x).detach().clone()}
+    features = {**(features or {}), INPUT_LAYER: _input_features(x).detach()}
     return MCFeaturePrediction(log_p.exp(), log_p, features)
 
 
