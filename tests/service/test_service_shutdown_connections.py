@@ -97,6 +97,12 @@ def test_two_workers_refuse_rather_than_reset_after_they_stop_accepting(
     server = start_server(
         tiny_model_dir, tmp_path, args=("--workers", "2"), drain_delay_s=0.5, drain_timeout_s=20
     )
+    # Steady state: both workers ready (/readyz answered by one of them says nothing of the other;
+    # a worker still starting when SIGTERM arrives stops without draining — docs/service.md).
+    deadline = time.monotonic() + 120
+    while sum(r["message"].startswith("ready:") for r in server.log_records()) < 2:
+        assert time.monotonic() < deadline, "the second worker never became ready"
+        time.sleep(0.1)
 
     async def scenario() -> list[str]:
         stop = asyncio.Event()
