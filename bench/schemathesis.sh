@@ -17,7 +17,9 @@ for _ in $(seq 1 120); do
   curl -sf "http://127.0.0.1:$PORT/readyz" >/dev/null && break
   sleep 1
 done
-.venv/bin/schemathesis --config-file bench/schemathesis.toml run \
+ROOT=$(pwd)
+cd "$OUT" || exit 1  # schemathesis keeps a .schemathesis/ cache in its working directory
+"$ROOT/.venv/bin/schemathesis" --config-file "$ROOT/bench/schemathesis.toml" run \
   "http://127.0.0.1:$PORT/openapi.json" --checks all -n "$N" --seed "$SEED" \
   --continue-on-failure --request-timeout 60 --generation-database none \
   --report junit --report-dir "$OUT"
