@@ -464,6 +464,10 @@ def ratios_and_outside(
         engine = engines[max(1, round(row["mean_batch"]))]
         row["cpu_ms_outside_model"] = row["cpu_ms_per_request"] - engine["cpu_ms_per_request"]
         row["service_over_engine"] = row["throughput"] / engine["throughput"]
+        # the same ratio from CPU per image: robust to the two runs getting different CPU shares
+        row["engine_cpu_over_service_cpu"] = (
+            engine["cpu_ms_per_request"] / row["cpu_ms_per_request"]
+        )
         if row["mode"] in by_name:
             row["batching_over_no_batching"] = (
                 row["throughput"] / by_name[row["mode"]]["throughput"]
@@ -485,14 +489,14 @@ def ratios_and_outside(
 def summary(batched: list[dict[str, Any]], ratios: dict[str, Any]) -> str:
     lines = [
         "protocol      service/engine  batching/no batching  CPU ms/img outside model"
-        "  event loop CPU ms/img"
+        "  event loop CPU ms/img  engine CPU ÷ server CPU"
     ]
     for r in batched:
         b = r.get("batching_over_no_batching")
         lines.append(
             f"{r['mode']:<14}{r['service_over_engine']:>14.2f}"
             f"{(f'{b:.2f}×' if b else '—'):>22}{r['cpu_ms_outside_model']:>26.2f}"
-            f"{r['cpu_ms_loop']:>23.2f}"
+            f"{r['cpu_ms_loop']:>23.2f}{r['engine_cpu_over_service_cpu']:>25.2f}"
         )
     lines.append(
         f"best service / engine: {ratios['service_over_engine_best']:.2f} "

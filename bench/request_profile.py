@@ -32,8 +32,8 @@ from bayesgate.service.settings import Settings
 BUNDLED = Path(models.__file__).parent / "pretrained" / "bayesgate-default"
 GROUPS = {  # label → substrings of "file:function" summed as cumulative time (may overlap)
     "JSON parse": ("parse_json",),
-    "v1 validate + decode": ("_decode_predict", "decode_instances", "PredictRequest"),
-    "v2 parse + validate": ("parse_infer_request", "_decode_infer", "InferRequest"),
+    "v1 validate + decode": ("_decode_predict", "decode_instances", "PredictRequest", "validated"),
+    "v2 parse + validate": ("parse_infer_request", "_decode_infer", "InferRequest", "decode_infer"),
     "response encode": (
         "predict_body",
         "predict_response",

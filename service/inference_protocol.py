@@ -358,10 +358,12 @@ def _input_tensor(
     if size is None:
         values = _json_data(tensor.data or [], dims, f"{where}.data")
     else:
-        values = tensor_from_bytes(blob, 0, size, INPUT_DATATYPE, dims, where)
+        # a copy first: the bytes are read-only and, after a JSON header of any length, not
+        # aligned for float32, which makes numpy's reductions several times slower
+        values = np.array(tensor_from_bytes(blob, 0, size, INPUT_DATATYPE, dims, where))
     check_consumed(blob, 0 if size is None else size)
     check_values(f"{where}.data", values, value_range)  # on the values as sent (JSON: float64)
-    return torch.from_numpy(np.array(values, dtype=np.float32))  # a copy: binary is read-only
+    return torch.from_numpy(values.astype(np.float32, copy=False))
 
 
 def _json_data(data: list[Any], dims: list[int], where: str) -> np.ndarray:
