@@ -225,7 +225,13 @@ def test_train_resume_continues_to_the_same_weights(tmp_path: Path, data_env: No
     assert _run([*first, "--epochs", "2", "--resume"])[0] == 0
     once, twice = _weights(tmp_path / "once"), _weights(tmp_path / "twice")
     assert all(torch.equal(once[k], twice[k]) for k in once)
-    assert load_model(tmp_path / "twice").card.training.momentum == 0
+    training = load_model(tmp_path / "twice").card.training
+    assert training.momentum == 0
+    # the card's training time covers both sittings: every kept epoch of the checkpoint history
+    history = [json.loads(line) for line in (ckpt_dir / "history.jsonl").read_text().splitlines()]
+    assert [row["epoch"] for row in history] == [1, 2]
+    assert training.seconds == round(sum(row["seconds"] for row in history), 1)
+    assert training.model_extra["sitting_seconds"] >= 0
     # the default checkpoint folder of a run without --checkpoint-dir is in the user cache
     assert (tmp_path / "cache" / "bayesgate" / "checkpoints" / "mlp-2x32-alpha0.5").is_dir()
 
