@@ -43,6 +43,23 @@ def test_every_run_parses_as_a_resumable_train_command(private_user_cache: Path)
     assert kinds == {"train", "uci"}
 
 
+def test_a_longer_uci_pass_differs_from_its_first_pass_only_in_epochs(
+    private_user_cache: Path,
+) -> None:
+    """A second, longer pass must be comparable with the first: same dataset, splits, α, p grid
+    and learned τ; only the epochs (and its own output folder) differ."""
+    long_runs = load_long_runs()
+    for dataset, epochs in long_runs.UCI_LONGER.items():
+        first = long_runs.RUNS[f"uci-{dataset}-learned-tau"]
+        longer = long_runs.RUNS[f"uci-{dataset}-learned-tau-{epochs}ep"]
+        a = vars(build_parser().parse_args(first.argv("bayesgate")[1:]))
+        b = vars(build_parser().parse_args(longer.argv("bayesgate")[1:]))
+        assert b["epochs"] == epochs > a["epochs"] and b["out"] != a["out"]
+        assert {k: v for k, v in a.items() if k not in ("epochs", "out")} == {
+            k: v for k, v in b.items() if k not in ("epochs", "out")
+        }
+
+
 def test_status_reads_the_history_and_start_skips_finished_runs(
     private_user_cache: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
