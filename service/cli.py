@@ -67,7 +67,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--model-dir",
         type=Path,
         default=None,
-        help=f"model directory (default {ENV_PREFIX}MODEL_DIR or the bundled default model)",
+        help=f"model directory, or a bundled model's name (bayesgate-default, bayesgate-robust); "
+        f"default {ENV_PREFIX}MODEL_DIR or bayesgate-default",
     )
     p.add_argument("--device", default=None, help="auto, cpu or cuda (default auto)")
     p.add_argument(

@@ -31,6 +31,7 @@ from bayesgate.models.mc.uncertainty import SCORES
 from bayesgate.models.store.calibration import Calibration, read_calibration
 from bayesgate.models.store.directory import ModelCard, ModelStoreError, load_model
 from bayesgate.service.errors import StartupError
+from bayesgate.service.settings import bundled_model_names
 
 
 @dataclass(frozen=True)
@@ -176,7 +177,11 @@ def load_served_model(directory: Path | str, device: str = "auto") -> ServedMode
     """Load weights (sha256-verified) and ``calibration.json`` (tied to those weights)."""
     directory = Path(directory)
     if not directory.is_dir():
-        raise StartupError(f"{directory}: model directory not found (set BAYESGATE_MODEL_DIR)")
+        names = ", ".join(bundled_model_names())
+        raise StartupError(
+            f"{directory}: model directory not found (set BAYESGATE_MODEL_DIR to a model "
+            f"directory or a bundled model's name: {names})"
+        )
     try:
         dev = pick_device(device)
     except (ValueError, RuntimeError) as exc:

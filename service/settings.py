@@ -15,7 +15,23 @@ from bayesgate import models
 from bayesgate.errors import InvalidArgument
 
 ENV_PREFIX = "BAYESGATE_"
-DEFAULT_MODEL_DIR = Path(models.__file__).parent / "pretrained" / "bayesgate-default"
+BUNDLED_MODELS_DIR = Path(models.__file__).parent / "pretrained"
+DEFAULT_MODEL_DIR = BUNDLED_MODELS_DIR / "bayesgate-default"
+
+
+def bundled_model_names() -> list[str]:
+    """Names of the model directories shipped inside the package (``bayesgate-default``, …)."""
+    return sorted(d.name for d in BUNDLED_MODELS_DIR.iterdir() if (d / "card.json").is_file())
+
+
+def resolve_model_dir(path: Path) -> Path:
+    """``path`` itself, or — when it is a bare name that is not a directory here but names a
+    bundled model (``bayesgate-robust``) — that bundled model's directory."""
+    bundled = BUNDLED_MODELS_DIR / path.name
+    if len(path.parts) == 1 and not path.is_dir() and (bundled / "card.json").is_file():
+        return bundled
+    return path
+
 
 LogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
 LogFormat = Literal["json", "text"]
@@ -31,7 +47,9 @@ class Settings(BaseSettings):
     )
 
     model_dir: Path = Field(
-        DEFAULT_MODEL_DIR, description="model directory (model.safetensors, card.json, calibration)"
+        DEFAULT_MODEL_DIR,
+        description="model directory (model.safetensors, card.json, calibration), or the name of "
+        "a bundled model: bayesgate-default, bayesgate-robust",
     )
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto/cpu/cuda")
     default_mc_samples: int | None = Field(
@@ -121,6 +139,11 @@ class Settings(BaseSettings):
         description="serve the Open Inference Protocol over gRPC on this port too (e.g. 8001; "
         "needs bayesgate[grpc]); unset: HTTP only",
     )
+
+    @field_validator("model_dir")
+    @classmethod
+    def _bundled_name(cls, path: Path) -> Path:
+        return resolve_model_dir(path)
 
     @field_validator("api_key")
     @classmethod

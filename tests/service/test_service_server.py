@@ -25,7 +25,7 @@ from bayesgate.service.app import create_app
 from bayesgate.service.cli import ENV_PREFIX as CLI_PREFIX
 from bayesgate.service.errors import StartupError
 from bayesgate.service.served_model import load_served_model
-from bayesgate.service.settings import ENV_PREFIX, Settings
+from bayesgate.service.settings import ENV_PREFIX, Settings, bundled_model_names
 
 BUNDLED = Path(models.__file__).parent / "pretrained" / "bayesgate-default"
 
@@ -228,6 +228,33 @@ def test_bundled_default_model_loads_when_present() -> None:
     else:
         with pytest.raises(StartupError, match="model directory not found"):
             load_served_model(BUNDLED, "cpu")
+
+
+def test_every_bundled_model_loads_with_its_calibration_and_detector() -> None:
+    """Each shipped model directory loads, its calibration and its fused detector belong to its
+    weights (the loader checks the sha256s), and it answers a batch."""
+    names = bundled_model_names()
+    assert "bayesgate-default" in names
+    for name in names:
+        serving = load_served_model(BUNDLED.parent / name, "cpu")
+        assert serving.calibration.model_sha256 == serving.card.weights_sha256
+        assert serving.detector is not None, f"{name} ships without its fitted detector"
+        x = torch.zeros(2, *serving.input_shape)
+        assert mc_predict(serving.network, x, 3).probs.shape == (2, 3, len(serving.card.classes))
+
+
+def test_a_bundled_model_is_chosen_by_its_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("BAYESGATE_MODEL_DIR", raising=False)
+    assert Settings(model_dir=Path("bayesgate-default")).model_dir == BUNDLED
+    monkeypatch.setenv("BAYESGATE_MODEL_DIR", "bayesgate-default")
+    assert Settings().model_dir == BUNDLED
+    (tmp_path / "bayesgate-default").mkdir()  # a directory of that name here wins
+    assert Settings().model_dir == Path("bayesgate-default")
+    with pytest.raises(StartupError, match="bundled model's name: bayesgate-default"):
+        load_served_model(Path("no-such-model"), "cpu")
 
 
 @pytest.mark.anyio
