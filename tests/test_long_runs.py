@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -99,3 +100,19 @@ def test_uci_progress_counts_finished_splits(private_user_cache: Path) -> None:
     (run.out / "results.csv").write_text(header + rows)
     assert long_runs.progress(run) == 3
     assert long_runs.status_rows([run])[0]["done"] == "3/20"
+
+
+def test_a_started_run_gets_the_lowest_autogroup_priority() -> None:
+    """A run in its own session must not outrank the user's work: its autogroup gets nice 19
+    where the kernel has autogroups, and the call says False where it has none."""
+    long_runs = load_long_runs()
+    child = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        group = Path(f"/proc/{child.pid}/autogroup")
+        has_groups = group.is_file()
+        assert long_runs.lowest_group_priority(child.pid) is has_groups
+        if has_groups:
+            assert group.read_text().split()[-2:] == ["nice", "19"]
+    finally:
+        child.kill()
+        child.wait()
