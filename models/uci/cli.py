@@ -198,12 +198,12 @@ def cmd_uci_table(args: argparse.Namespace) -> int:
 
 def format_table(entries: list[dict[str, Any]]) -> str:
     """Markdown: ours (mean ± SE) beside the paper (mean ± SE) for NLL and RMSE; ✓ = within
-    two combined standard errors."""
+    two combined standard errors, "better" = lower than the paper's by more, ✗ = higher by more
+    (lower is better for both metrics)."""
     lines = [
         "| dataset | α | τ | splits | epochs | NLL ours | NLL paper | | RMSE ours | RMSE paper | |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    mark = {True: "✓", False: "✗", None: "?"}
     for e in entries:
         digits = 2 if e["test_rmse"] >= 0.1 else 3 if e["test_rmse"] >= 0.01 else 4
         lines.append(
@@ -211,12 +211,22 @@ def format_table(entries: list[dict[str, Any]]) -> str:
             f"| {e.get('epochs', '')} "
             f"| {e['test_nll']:.2f} ± {e['test_nll_se']:.2f} "
             f"| {_fmt(e.get('paper_nll'), e.get('paper_nll_se'))} "
-            f"| {mark[e.get('nll_within_2se')]} "
+            f"| {_mark(e, 'nll')} "
             f"| {e['test_rmse']:.{digits}f} ± {e['test_rmse_se']:.{digits}f} "
             f"| {_fmt(e.get('paper_rmse'), e.get('paper_rmse_se'))} "
-            f"| {mark[e.get('rmse_within_2se')]} |"
+            f"| {_mark(e, 'rmse')} |"
         )
     return "\n".join(lines)
+
+
+def _mark(entry: dict[str, Any], metric: str) -> str:
+    """✓ within two combined SE of the paper, "better" below that band, ✗ above, ? unknown."""
+    within = entry.get(f"{metric}_within_2se")
+    if within is None:
+        return "?"
+    if within:
+        return "✓"
+    return "better" if entry[f"test_{metric}"] < entry[f"paper_{metric}"] else "✗"
 
 
 def _fmt(value: float | None, se: float | None = None) -> str:

@@ -231,6 +231,25 @@ def test_mean_se_and_paper_comparison() -> None:
     assert within_2se(2.5, math.nan, 2.42) is None
 
 
+def test_table_marks_better_than_the_paper_apart_from_worse() -> None:
+    """Boston α = 0.5 in the paper: NLL 2.38 ± 0.06, RMSE 2.97 ± 0.19 (2-SE bands ±0.17/±0.54
+    with our SE 0.06/0.19). Lower beyond the band is "better", higher is ✗."""
+    from bayesgate.models.uci.cli import format_table
+    from bayesgate.models.uci.experiment import compare_with_paper
+
+    def row(nll: float, rmse: float) -> str:
+        entry = {"dataset": "bostonHousing", "alpha": 0.5, "splits": 20, "test_nll": nll,
+                 "test_nll_se": 0.06, "test_rmse": rmse, "test_rmse_se": 0.19}  # fmt: skip
+        cells = [c.strip() for c in format_table([compare_with_paper(entry)]).splitlines()[2]
+                 .strip("|").split("|")]  # fmt: skip
+        return f"{cells[7]} {cells[10]}"
+
+    assert row(2.40, 3.00) == "✓ ✓"
+    assert row(2.10, 2.30) == "better better"
+    assert row(2.70, 3.60) == "✗ ✗"
+    assert row(2.56, 2.42) == "✗ better"  # 2.38 + 0.175 = 2.555 < 2.56; 2.97 − 0.542 > 2.42
+
+
 def test_grid_edge_counts() -> None:
     settings = {"dropout_rates": [0.005, 0.01, 0.05], "tau_values": [0.1, 0.5, 1.0]}
     rows = [
