@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -274,27 +273,38 @@ def stop(runs: list[Run]) -> int:
 
 
 def curves(out: Path, runs: list[Run]) -> int:
-    """Copy each run's ``history.jsonl`` to ``OUT/NAME.jsonl`` and plot validation accuracy and
-    log-likelihood per epoch into ``OUT/long-runs.png``."""
+    """Copy each run's ``history.jsonl`` to ``OUT/NAME.jsonl`` (with the robust monitor's columns
+    where the run logs them) and plot validation accuracy and log-likelihood per epoch — and, for
+    adversarially trained runs, the monitor's clean and PGD accuracy — into
+    ``OUT/long-runs.png``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     out.mkdir(parents=True, exist_ok=True)
-    fig, (acc_ax, ll_ax) = plt.subplots(1, 2, figsize=(11, 4))
-    for run in runs:
-        rows = history(run)
-        if not rows:
-            continue
-        shutil.copyfile(run.checkpoint / "history.jsonl", out / f"{run.name}.jsonl")
+    histories = {run.name: rows for run in runs if (rows := history(run))}
+    robust = {n: rows for n, rows in histories.items() if "monitor_robust_acc" in rows[-1]}
+    panels = 3 if robust else 2
+    fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4))
+    acc_ax, ll_ax = axes[0], axes[1]
+    for name, rows in histories.items():
+        (out / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         epochs = [r["epoch"] for r in rows]
-        acc_ax.plot(epochs, [100 * r["val_accuracy"] for r in rows], marker=".", label=run.name)
-        ll_ax.plot(epochs, [r["val_log_likelihood"] for r in rows], marker=".", label=run.name)
+        acc_ax.plot(epochs, [100 * r["val_accuracy"] for r in rows], marker=".", label=name)
+        ll_ax.plot(epochs, [r["val_log_likelihood"] for r in rows], marker=".", label=name)
+    for name, rows in robust.items():
+        epochs = [r["epoch"] for r in rows]
+        for key, style in (("monitor_clean_acc", "--"), ("monitor_robust_acc", "-")):
+            label = f"{name}: {'clean' if 'clean' in key else 'PGD'}"
+            axes[2].plot(epochs, [100 * r[key] for r in rows], style, marker=".", label=label)
+        axes[2].set(xlabel="epoch", ylabel="monitor accuracy (%)", ylim=(0, 100),
+                    title="held-out digits, clean and under PGD at the full ε")  # fmt: skip
+        axes[2].legend(fontsize=7)
     acc_ax.set(xlabel="epoch", ylabel="validation accuracy (%)", title="accuracy")
     ll_ax.set(xlabel="epoch", ylabel="validation log-likelihood", title="test-style LL")
     acc_ax.legend(fontsize=7)
-    for ax in (acc_ax, ll_ax):
+    for ax in axes:
         ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out / "long-runs.png", dpi=110)

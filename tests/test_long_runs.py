@@ -87,7 +87,8 @@ def test_status_reads_the_history_and_start_skips_finished_runs(
     assert long_runs.main(["start", "no-such-run"]) == 2
     assert long_runs.main(["curves", str(private_user_cache / "curves"), run.name]) == 0
     assert (private_user_cache / "curves" / "long-runs.png").stat().st_size > 1000
-    assert (private_user_cache / "curves" / f"{run.name}.jsonl").read_text().count("\n") == 100
+    copied = (private_user_cache / "curves" / f"{run.name}.jsonl").read_text().splitlines()
+    assert len(copied) == 100 and json.loads(copied[2])["monitor_robust_acc"] == 0.25
 
 
 def test_uci_progress_counts_finished_splits(private_user_cache: Path) -> None:
