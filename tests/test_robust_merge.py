@@ -1,0 +1,54 @@
+"""bench/robust_merge.py: separate evaluate-robust runs become one table, only if comparable."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SETTINGS = {"eps": [0.1, 0.3], "n": 10, "attacks": ["pgd"], "pgd_steps": 100, "restarts": 5,
+            "apgd_steps": 100, "k_attack": 10, "k_eval": 100, "batch_size": 100,
+            "seed": 0}  # fmt: skip
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("robust_merge", ROOT / "bench/robust_merge.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(name: str, worst: tuple[float, float], adaptive: dict | None) -> dict:
+    rows = [
+        {"eps": e, "robust_accuracy": {"PGD": w}, "robust_accuracy_worst_of": w}
+        for e, w in zip(SETTINGS["eps"], worst, strict=True)
+    ]
+    model = {"name": name, "images": 10, "clean_accuracy": 1.0, "eps": rows, "adaptive": adaptive}
+    return {"settings": dict(SETTINGS), "models": [model]}
+
+
+def test_two_runs_make_one_table_and_different_settings_are_refused(tmp_path: Path) -> None:
+    merge = _module()
+    a = _run("plain", (0.6, 0.0), {"status": "ran", "by_eps": {"0.1": 0.1, "0.3": 1.0},
+                                   "clean_fpr": 0.05})  # fmt: skip
+    b = _run("robust", (0.9, 0.8), {"status": "ran", "by_eps": {"0.1": 0.0, "0.3": 0.05},
+                                    "clean_fpr": 0.04})  # fmt: skip
+    paths = []
+    for name, run in (("a", a), ("b", b)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(run))
+    assert merge.main([*map(str, paths), "--out", str(tmp_path / "out")]) == 0
+    table = (tmp_path / "out" / "robust.md").read_text().splitlines()
+    rows = [line for line in table if line.startswith("| plain") or line.startswith("| robust")]
+    assert rows[0].startswith("| plain | 0.1 | 10 | 100.0 % | 60.0 % | 60.0 % | 10.0 % | 5.0 %")
+    assert rows[3].startswith("| robust | 0.3 | 10 | 100.0 % | 80.0 % | 80.0 % | 5.0 % | 4.0 %")
+    assert (
+        json.loads((tmp_path / "out" / "robust.json").read_text())["models"][1]["name"] == "robust"
+    )
+    assert (tmp_path / "out" / "robust.png").stat().st_size > 1000
+    b["settings"]["n"] = 20
+    paths[1].write_text(json.dumps(b))
+    assert merge.main([*map(str, paths), "--out", str(tmp_path / "refused")]) == 2
+    assert not (tmp_path / "refused").exists()
