@@ -19,7 +19,7 @@ from bayesgate.models.data.mnist import load_mnist
 from bayesgate.models.detection import load_detector, score_images
 from bayesgate.models.store.directory import load_model
 
-DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "pretrained" / "bayesgate-default"
+DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "pretrained" / "bayesgate-cnn"
 
 
 def main() -> None:

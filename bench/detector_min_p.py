@@ -25,7 +25,7 @@ from bayesgate.attacks.metrics import flag_rate, threshold_at_fpr
 from bayesgate.models.detection import FUSED, FUSED_LOGISTIC, load_detector
 from bayesgate.models.detection.conformal import fit_conformal
 
-MODEL = Path(__file__).resolve().parents[1] / "models/pretrained/bayesgate-default"
+MODEL = Path(__file__).resolve().parents[1] / "models/pretrained/bayesgate-cnn"
 
 
 def part(data: dict[str, np.ndarray], name: str) -> dict[str, np.ndarray]:

@@ -29,7 +29,7 @@ from bayesgate.models.detection.detector import collect_features, scores_numpy
 from bayesgate.models.mc.uncertainty import predictive_mean
 from bayesgate.models.store.directory import load_model
 
-MODEL = Path(__file__).resolve().parents[1] / "models/pretrained/bayesgate-default"
+MODEL = Path(__file__).resolve().parents[1] / "models/pretrained/bayesgate-cnn"
 
 
 def main() -> None:

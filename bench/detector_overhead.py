@@ -43,7 +43,7 @@ from bayesgate.models.mc.engine import mc_predict, mc_predict_features
 from bayesgate.models.mc.uncertainty import SCORES
 from bayesgate.models.store.directory import load_model
 
-DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "pretrained" / "bayesgate-default"
+DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "pretrained" / "bayesgate-cnn"
 
 
 def variants(model_dir: Path, k: int) -> Callable[[torch.Tensor], dict[str, Callable[[], object]]]:

@@ -44,7 +44,7 @@ from bayesgate.models.detection.mahalanobis import fit_class_gaussians
 from bayesgate.models.mc.engine import INPUT_LAYER
 from bayesgate.models.store.directory import load_model
 
-MODEL = Path(__file__).resolve().parents[1] / "models/pretrained/bayesgate-default"
+MODEL = Path(__file__).resolve().parents[1] / "models/pretrained/bayesgate-cnn"
 PARTS = 5000
 
 

@@ -35,7 +35,7 @@ from bayesgate.models.detection.conformal import fit_conformal
 from bayesgate.models.detection.detector import collect_features, mahalanobis_names, scores_numpy
 from bayesgate.models.store.directory import load_model
 
-MODEL = Path(__file__).resolve().parents[1] / "models/pretrained/bayesgate-default"
+MODEL = Path(__file__).resolve().parents[1] / "models/pretrained/bayesgate-cnn"
 PARTS = 5000
 
 

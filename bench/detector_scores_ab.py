@@ -26,7 +26,7 @@ from bayesgate.models.mc.engine import mc_predict_features
 from bayesgate.models.mc.uncertainty import SCORES
 from bayesgate.models.store.directory import load_model
 
-MODEL = Path(__file__).resolve().parents[1] / "models/pretrained/bayesgate-default"
+MODEL = Path(__file__).resolve().parents[1] / "models/pretrained/bayesgate-cnn"
 
 
 def old_distances(self, f: torch.Tensor) -> torch.Tensor:

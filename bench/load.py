@@ -46,7 +46,7 @@ from bayesgate.models.networks.registry import build_network, preset_architectur
 from bayesgate.models.store.calibration import Calibration, write_calibration
 from bayesgate.models.store.directory import ModelCard, load_model, save_model
 
-BUNDLED = Path(models.__file__).parent / "pretrained" / "bayesgate-default"
+BUNDLED = Path(models.__file__).parent / "pretrained" / "bayesgate-cnn"
 HOST = "127.0.0.1"
 MAX_DURATION_S = 120.0
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy

@@ -4,7 +4,7 @@ timed interleaved in one run, and the ratio between them.
     python bench/model_cost.py [--models DIR DIR] [--k 20] [--batch 1 32] [--repeats 100]
                                [--threads 1] [--json out.json]
 
-Default: the two bundled models, ``bayesgate-default`` (``cnn``) and ``bayesgate-robust``
+Default: the two bundled models, ``bayesgate-cnn`` (``cnn``) and ``bayesgate-robust``
 (``cnn-wide``). Each model's call is what the service's worker runs per batch when the model has a
 fitted detector — :func:`detector_overhead.variants`' ``detector`` variant: ``mc_predict_features``,
 the uncertainty scores and :meth:`Detector.scores`. Timing by :func:`detector_overhead.cpu_times`
@@ -22,7 +22,7 @@ import torch
 from detector_overhead import cpu_times, variants
 
 PRETRAINED = Path(__file__).resolve().parents[1] / "models" / "pretrained"
-DEFAULT_MODELS = [PRETRAINED / "bayesgate-default", PRETRAINED / "bayesgate-robust"]
+DEFAULT_MODELS = [PRETRAINED / "bayesgate-cnn", PRETRAINED / "bayesgate-robust"]
 
 
 def main() -> None:

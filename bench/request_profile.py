@@ -29,7 +29,7 @@ from bayesgate import models
 from bayesgate.service.app import create_app
 from bayesgate.service.settings import Settings
 
-BUNDLED = Path(models.__file__).parent / "pretrained" / "bayesgate-default"
+BUNDLED = Path(models.__file__).parent / "pretrained" / "bayesgate-cnn"
 GROUPS = {  # label → substrings of "file:function" summed as cumulative time (may overlap)
     "JSON parse": ("parse_json",),
     "v1 validate + decode": ("_decode_predict", "decode_instances", "PredictRequest", "validated"),

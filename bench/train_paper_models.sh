@@ -21,7 +21,7 @@ train() {  # name, then train flags
   fi
   evaluate "$out/$name" "$name"
 }
-evaluate models/pretrained/bayesgate-default cnn-alpha0.5
+evaluate models/pretrained/bayesgate-cnn cnn-alpha0.5
 for a in 0 0.5 1; do
   train "mlp-2x100-alpha$a" --preset mlp-2x100 --alpha "$a" --k-train 10 --epochs 15
 done

@@ -26,7 +26,7 @@ from bayesgate.service.engine import mc_engine
 from bayesgate.service.prediction import predictions
 from bayesgate.service.served_model import ServedModel, load_served_model
 
-BUNDLED = Path(models.__file__).parent / "pretrained" / "bayesgate-default"
+BUNDLED = Path(models.__file__).parent / "pretrained" / "bayesgate-cnn"
 
 
 def cpu_ms_per_image(step: Callable[[], object], batch: int, seconds: float) -> float:

@@ -67,8 +67,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--model-dir",
         type=Path,
         default=None,
-        help=f"model directory, or a bundled model's name (bayesgate-default, bayesgate-robust); "
-        f"default {ENV_PREFIX}MODEL_DIR or bayesgate-default",
+        help="model directory, or a bundled model's name: bayesgate-robust (the default) or "
+        f"bayesgate-cnn; default {ENV_PREFIX}MODEL_DIR or bayesgate-robust",
     )
     p.add_argument("--device", default=None, help="auto, cpu or cuda (default auto)")
     p.add_argument(

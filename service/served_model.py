@@ -180,7 +180,7 @@ def load_served_model(directory: Path | str, device: str = "auto") -> ServedMode
         names = ", ".join(bundled_model_names())
         raise StartupError(
             f"{directory}: model directory not found (set BAYESGATE_MODEL_DIR to a model "
-            f"directory or a bundled model's name: {names})"
+            f"directory or a bundled model's name: {names}, or bayesgate-default)"
         )
     try:
         dev = pick_device(device)

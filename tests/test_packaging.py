@@ -60,9 +60,9 @@ def test_wheel_holds_every_source_file_the_bundled_model_and_the_page(wheel: Pat
         for path in (REPO_ROOT / folder).rglob("*.py")
     }
     assert expected - names == set(), "source files missing from the wheel (pyproject packages?)"
-    bundled = REPO_ROOT / "models" / "pretrained" / "bayesgate-default"
-    for path in bundled.iterdir():
-        assert f"bayesgate/models/pretrained/bayesgate-default/{path.name}" in names
+    for model in ("bayesgate-cnn", "bayesgate-robust"):  # the bundled models and their files
+        for path in (REPO_ROOT / "models" / "pretrained" / model).iterdir():
+            assert f"bayesgate/models/pretrained/{model}/{path.name}" in names
     static = sorted(p.name for p in (REPO_ROOT / "service" / "static").iterdir())
     assert {"index.html", "app.js", "style.css", "digits.png", "digits.json"} <= set(static)
     for name in static:  # the demo page and its test digits (package data)

@@ -1,7 +1,7 @@
 """Fixtures for the deployment tests: the parsed Dockerfile and compose file, the CI tools, and a
 model directory to serve.
 
-The model is the bundled default (``models/pretrained/bayesgate-default``): what the image
+The model is the bundled default (``models/pretrained/bayesgate-cnn``): what the image
 serves, and what its build refuses to go without.
 """
 

@@ -23,7 +23,7 @@ from bayesgate.models.store.directory import (
     sha256_file,
 )
 
-BUNDLED = Path(__file__).resolve().parents[2] / "models" / "pretrained" / "bayesgate-default"
+BUNDLED = Path(__file__).resolve().parents[2] / "models" / "pretrained" / "bayesgate-cnn"
 MINIMAL = {
     "name": "m",
     "architecture": {"type": "dropout_mlp", "hidden": [4]},

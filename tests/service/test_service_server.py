@@ -27,7 +27,8 @@ from bayesgate.service.errors import StartupError
 from bayesgate.service.served_model import load_served_model
 from bayesgate.service.settings import ENV_PREFIX, Settings, bundled_model_names
 
-BUNDLED = Path(models.__file__).parent / "pretrained" / "bayesgate-default"
+BUNDLED = Path(models.__file__).parent / "pretrained" / "bayesgate-robust"  # the default
+PRETRAINED = BUNDLED.parent
 
 
 def serve_env(model_dir: Path) -> dict[str, str]:
@@ -234,9 +235,9 @@ def test_every_bundled_model_loads_with_its_calibration_and_detector() -> None:
     """Each shipped model directory loads, its calibration and its fused detector belong to its
     weights (the loader checks the sha256s), and it answers a batch."""
     names = bundled_model_names()
-    assert "bayesgate-default" in names
+    assert names == ["bayesgate-cnn", "bayesgate-robust"]
     for name in names:
-        serving = load_served_model(BUNDLED.parent / name, "cpu")
+        serving = load_served_model(PRETRAINED / name, "cpu")
         assert serving.calibration.model_sha256 == serving.card.weights_sha256
         assert serving.detector is not None, f"{name} ships without its fitted detector"
         x = torch.zeros(2, *serving.input_shape)
@@ -248,12 +249,14 @@ def test_a_bundled_model_is_chosen_by_its_name(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("BAYESGATE_MODEL_DIR", raising=False)
-    assert Settings(model_dir=Path("bayesgate-default")).model_dir == BUNDLED
-    monkeypatch.setenv("BAYESGATE_MODEL_DIR", "bayesgate-default")
-    assert Settings().model_dir == BUNDLED
-    (tmp_path / "bayesgate-default").mkdir()  # a directory of that name here wins
-    assert Settings().model_dir == Path("bayesgate-default")
-    with pytest.raises(StartupError, match="bundled model's name: bayesgate-default"):
+    assert Settings().model_dir == BUNDLED  # the default is the robust model
+    assert Settings(model_dir=Path("bayesgate-cnn")).model_dir == PRETRAINED / "bayesgate-cnn"
+    assert Settings(model_dir=Path("bayesgate-default")).model_dir == BUNDLED  # an alias
+    monkeypatch.setenv("BAYESGATE_MODEL_DIR", "bayesgate-cnn")
+    assert Settings().model_dir == PRETRAINED / "bayesgate-cnn"
+    (tmp_path / "bayesgate-cnn").mkdir()  # a directory of that name here wins
+    assert Settings().model_dir == Path("bayesgate-cnn")
+    with pytest.raises(StartupError, match="bayesgate-cnn, bayesgate-robust, or bayesgate-default"):
         load_served_model(Path("no-such-model"), "cpu")
 
 
