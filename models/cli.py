@@ -114,6 +114,12 @@ def _optimisation_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--patience", type=int, default=0, help="early stopping on validation LL; 0 = off"
     )
+    p.add_argument(
+        "--keep-best",
+        action="store_true",
+        help="train every epoch but end with the weights of the best validation LL "
+        "(kept in the checkpoint too)",
+    )
 
 
 def _run_flags(p: argparse.ArgumentParser) -> None:
@@ -170,9 +176,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     from bayesgate.models.data.mnist import load_mnist
 
     config = _train_config(args)
-    if args.patience and not args.val_size:
+    if (args.patience or args.keep_best) and not args.val_size:
+        flag = "--patience" if args.patience else "--keep-best"
         raise InvalidArgument(
-            "--patience needs validation data: early stopping watches the validation "
+            f"{flag} needs validation data: it watches the validation "
             "log-likelihood, and --val-size 0 holds none out"
         )
     set_threads(args.threads)
@@ -296,6 +303,7 @@ def _train_config(args: argparse.Namespace) -> TrainConfig:
         weight_decay=args.weight_decay,
         seed=args.seed,
         patience=args.patience,
+        keep_best=args.keep_best,
         k_val=args.k_val,
         loss=args.loss,
         beta_schedule=args.beta_schedule,

@@ -63,6 +63,7 @@ class TrainConfig:
     weight_decay: float = 1e-6
     seed: int = 0
     patience: int = 0  # early stopping on validation log-likelihood; 0 = off
+    keep_best: bool = False  # end with the best-validation-LL weights, without stopping early
     k_val: int = 10
     loss: str = "bbalpha"
     beta_schedule: str = (
@@ -99,6 +100,12 @@ class TrainConfig:
             if not ok:
                 raise InvalidArgument(message)
 
+    @property
+    def keeps_best(self) -> bool:
+        """Whether the run ends with its best-validation-LL weights (early stopping or
+        ``keep_best``) rather than its last ones."""
+        return bool(self.patience) or self.keep_best
+
 
 Data = tuple[torch.Tensor, torch.Tensor]
 BatchTransform = Callable[[nn.Module, torch.Tensor, torch.Tensor], Data]
@@ -126,7 +133,7 @@ class _Progress:
     best_epoch: int = 0
     stale: int = 0  # epochs without a better validation log-likelihood
     stopped: bool = False  # early stopping fired
-    best_state: dict[str, torch.Tensor] | None = None  # kept with early stopping only
+    best_state: dict[str, torch.Tensor] | None = None  # kept with early stopping or keep_best
 
     def scalars(self) -> dict:
         return {k: v for k, v in asdict(self).items() if k != "best_state"}
@@ -144,9 +151,10 @@ def train(
     checkpointing: ckpt.Checkpointing | None = None,
     batch_transform: BatchTransform | None = None,
 ) -> TrainResult:
-    """Train ``model`` in place; returns the history. Keeps the best-validation weights when
-    early stopping is on (``patience > 0``), the last ones otherwise. With ``checkpointing`` a
-    checkpoint is written after every epoch, and ``resume=True`` continues from it."""
+    """Train ``model`` in place; returns the history. Ends with the best-validation-LL weights
+    when early stopping is on (``patience > 0``) or ``keep_best`` is set, the last ones
+    otherwise. With ``checkpointing`` a checkpoint is written after every epoch (the best weights
+    in it too), and ``resume=True`` continues from it."""
     start = time.perf_counter()
     trainer = _Trainer(model, train_data, config, device, progress, batch_transform)
     state = _Progress()
@@ -269,7 +277,7 @@ def _record_epoch(state: _Progress, row: dict, model: nn.Module, config: TrainCo
     ll = row["val_log_likelihood"]
     if state.best_ll is None or ll > state.best_ll:
         state.best_ll, state.stale, state.best_epoch = ll, 0, state.epoch
-        if config.patience:
+        if config.keeps_best:
             state.best_state = copy.deepcopy(model.state_dict())
     else:
         state.stale += 1
@@ -284,6 +292,8 @@ def _run_settings(trainer: _Trainer, checkpointing: ckpt.Checkpointing) -> dict:
     settings["train_images"] = int(trainer.x.shape[0])
     if trainer.config.lr_schedule == "constant":
         del settings["epochs"]
+    if not trainer.config.keep_best:
+        del settings["keep_best"]  # checkpoints written before the option existed still resume
     return json.loads(json.dumps(settings))  # as read back from the checkpoint (lists, not tuples)
 
 
@@ -348,7 +358,7 @@ def _finish(trainer: _Trainer, state: _Progress, seconds: float) -> TrainResult:
     config, model = trainer.config, trainer.model
     if state.best_state is not None:
         model.load_state_dict(state.best_state)
-    best_epoch = state.best_epoch if config.patience else len(state.history)
+    best_epoch = state.best_epoch if config.keeps_best else len(state.history)
     last = next((r for r in state.history if r["epoch"] == best_epoch), state.history[-1])
     train_seconds = sum(r["seconds"] for r in state.history)
     rows = trainer.x.shape[0] * trainer.k * len(state.history)

@@ -195,14 +195,16 @@ def test_invalid_training_value_is_a_one_line_error(
     assert not (tmp_path / "m").exists()
 
 
+@pytest.mark.parametrize(("flags", "name"), [(["--patience", "2"], "--patience"),
+                                             (["--keep-best"], "--keep-best")])  # fmt: skip
 def test_early_stopping_without_validation_data_is_refused(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], name: str
 ) -> None:
-    code = main(["train", "--preset", "mlp-2x32", "--patience", "2", "--val-size", "0",
+    code = main(["train", "--preset", "mlp-2x32", *flags, "--val-size", "0",
                  "--out", str(tmp_path / "m"), "--no-progress", "--device", "cpu"])  # fmt: skip
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
-    assert len(err) == 1 and err[0].startswith("bayesgate: error: --patience needs validation data")
+    assert len(err) == 1 and err[0].startswith(f"bayesgate: error: {name} needs validation data")
     assert not (tmp_path / "m").exists()
 
 

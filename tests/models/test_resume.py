@@ -112,6 +112,45 @@ def test_one_epoch_then_resume_to_three_is_bit_identical(
     _assert_same_weights(reference, resumed)
 
 
+def test_keep_best_survives_an_interruption(data: tuple[Data, Data], tmp_path: Path) -> None:
+    """The best weights live in the checkpoint: a run interrupted after its best epoch and
+    resumed ends with the same weights and best epoch as an uninterrupted one."""
+    train_data, val_data = data
+    config = _config("adam", "constant", epochs=4, patience=0, keep_best=True, lr=0.1)
+    reference = _net()
+    expected = train(reference, train_data, val_data, config, progress=False)
+    assert expected.best_epoch < 4  # the best weights are not simply the last ones
+
+    spec = ckpt.Checkpointing(tmp_path / "run")
+    with pytest.raises(_Interrupt):  # 4 batches per epoch: call 14 is in epoch 4
+        train(_net(), train_data, val_data, config, progress=False, checkpointing=spec,
+              batch_transform=_fail_at_call(14))  # fmt: skip
+    resumed = _net()
+    result = train(resumed, train_data, val_data, config, progress=False,
+                   checkpointing=replace(spec, resume=True))  # fmt: skip
+    _assert_same_weights(reference, resumed)
+    assert result.best_epoch == expected.best_epoch
+    assert len(result.history) == 4
+
+
+def test_checkpoints_from_before_keep_best_still_resume(
+    data: tuple[Data, Data], tmp_path: Path
+) -> None:
+    """A checkpoint whose settings have no ``keep_best`` key (written before the option) resumes
+    a run without it, and is refused for a run with it."""
+    train_data, val_data = data
+    spec = ckpt.Checkpointing(tmp_path / "run")
+    config = _config("adam", "constant", epochs=1, patience=0)
+    train(_net(), train_data, val_data, config, progress=False, checkpointing=spec)
+    saved = json.loads((spec.directory / ckpt.STATE_FILE).read_text())
+    assert "keep_best" not in saved["settings"] and "patience" in saved["settings"]
+    train(_net(), train_data, val_data, replace(config, epochs=2), progress=False,
+          checkpointing=replace(spec, resume=True))  # fmt: skip
+    with pytest.raises(ckpt.CheckpointError, match="keep_best"):
+        train(_net(), train_data, val_data, replace(config, epochs=3, keep_best=True),
+              progress=False, checkpointing=replace(spec, resume=True))  # fmt: skip
+
+
 def _same(a: torch.nn.Module, b: torch.nn.Module) -> bool:
     pairs = zip(a.state_dict().values(), b.state_dict().values(), strict=True)
     return all(torch.equal(x, y) for x, y in pairs)

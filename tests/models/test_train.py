@@ -118,6 +118,34 @@ def test_early_stopping_keeps_the_best_weights(train_data: Data, val_data: Data)
     assert again["log_likelihood"] == pytest.approx(result.val_metrics["log_likelihood"])
 
 
+def test_keep_best_trains_every_epoch_and_ends_with_the_best_weights(
+    train_data: Data, val_data: Data
+) -> None:
+    # the same noisy-label run as above: validation LL peaks early, but keep_best never stops
+    x = train_data[0][:500]
+    y_noise = torch.randint(0, 10, (500,), generator=torch.Generator().manual_seed(0))
+    xv, yv = val_data[0][:300], val_data[1][:300]
+    net = _net()
+    snapshots: dict[int, dict[str, torch.Tensor]] = {}
+
+    def on_epoch(row: dict[str, float]) -> None:
+        snapshots[int(row["epoch"])] = copy.deepcopy(net.state_dict())
+
+    config = TrainConfig(
+        epochs=6, batch_size=50, lr=1e-2, k_train=2, k_val=5, keep_best=True, weight_decay=0.0
+    )
+    result = train(net, (x, y_noise), (xv, yv), config, progress=False, on_epoch=on_epoch)
+    ll = [row["val_log_likelihood"] for row in result.history]
+    best = int(np.argmax(ll)) + 1
+    assert len(result.history) == 6  # every epoch ran
+    assert best < 6  # the check below is not the trivial "last epoch" one
+    assert result.best_epoch == best
+    final = net.state_dict()
+    for name, tensor in snapshots[best].items():
+        assert torch.equal(final[name], tensor)
+    assert result.val_metrics["log_likelihood"] == ll[best - 1]
+
+
 def test_without_patience_the_last_weights_are_kept(train_data: Data) -> None:
     x, y = train_data[0][:300], train_data[1][:300]
     net = _net()
