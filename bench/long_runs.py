@@ -9,6 +9,7 @@ is a no-op. The command of each run is fixed here: ``--resume`` refuses other se
     python bench/long_runs.py start [NAME …]         # nice 19, one thread each, in the background
     python bench/long_runs.py stop [NAME …]          # SIGTERM: finished epochs are kept
     python bench/long_runs.py curves OUT_DIR [NAME …]  # history.jsonl copies + a PNG of the curves
+    python bench/long_runs.py export NAME OUT_DIR    # a model dir from the checkpoint as it is
 
 ``start`` runs the ``bayesgate`` next to this Python (your venv) with ``BAYESGATE_DATA_DIR`` from
 the environment; output is appended to ``NAME/train.log``. Starting the same run twice is refused
@@ -277,6 +278,46 @@ def stop(runs: list[Run]) -> int:
     return 0
 
 
+def export_argv(run: Run, bayesgate: str, copy: Path, out: Path, epochs: int) -> list[str]:
+    """The run's own ``train … --resume`` with ``--epochs`` cut to the epochs done, its
+    checkpoint directory replaced by ``copy`` and its output by ``out``: resuming a checkpoint
+    that has every epoch done trains nothing and writes the model (the best-LL weights for a
+    ``--keep-best`` run, the last ones otherwise)."""
+    argv = run.argv(bayesgate)
+    for flag, value in (("--epochs", epochs), ("--checkpoint-dir", copy), ("--out", out)):
+        argv[argv.index(flag) + 1] = str(value)
+    return argv
+
+
+def export(run: Run, out: Path) -> int:
+    """Write a model directory (safetensors + card) from a train run's checkpoint as it is now,
+    while the run may still be going: the checkpoint is copied first (its files are written
+    atomically, so a copy is one whole epoch) and the copy is resumed, never the original."""
+    import shutil
+    import tempfile
+
+    if run.command != "train":
+        print(
+            f"long_runs: {run.name} is a UCI sweep; its results are in {run.out}", file=sys.stderr
+        )
+        return 2
+    done = progress(run)
+    if done == 0:
+        print(f"long_runs: {run.name} has no finished epoch to export", file=sys.stderr)
+        return 2
+    bayesgate = str(Path(sys.executable).with_name("bayesgate"))
+    with tempfile.TemporaryDirectory(prefix=f"{run.name}-") as tmp:
+        copy = Path(tmp) / "checkpoint"
+        shutil.copytree(run.checkpoint, copy, ignore=shutil.ignore_patterns("pid", "*.log"))
+        epochs = len(_jsonl(copy / "history.jsonl"))  # the copy's, should an epoch end meanwhile
+        argv = export_argv(run, bayesgate, copy, out, epochs)
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        code = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL).returncode
+    if code == 0:
+        print(f"{run.name}: epoch {epochs} exported to {out}")
+    return code
+
+
 def curves(out: Path, runs: list[Run]) -> int:
     """Copy each run's ``history.jsonl`` to ``OUT/NAME.jsonl`` (with the robust monitor's columns
     where the run logs them) and plot validation accuracy and log-likelihood per epoch — and, for
@@ -319,10 +360,17 @@ def curves(out: Path, runs: list[Run]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=("status", "start", "stop", "curves"))
-    parser.add_argument("args", nargs="*", help="curves: OUT_DIR first; then run names (all)")
+    parser.add_argument("command", choices=("status", "start", "stop", "curves", "export"))
+    parser.add_argument(
+        "args", nargs="*", help="curves: OUT_DIR first; then run names (all); export: NAME OUT_DIR"
+    )
     args = parser.parse_args(argv)
     rest = list(args.args)
+    if args.command == "export":
+        if len(rest) != 2 or rest[0] not in RUNS:
+            print(f"long_runs: export takes NAME OUT_DIR; known: {sorted(RUNS)}", file=sys.stderr)
+            return 2
+        return export(RUNS[rest[0]], Path(rest[1]))
     out = Path(rest.pop(0)) if args.command == "curves" and rest else None
     unknown = [n for n in rest if n not in RUNS]
     if unknown:

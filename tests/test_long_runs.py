@@ -117,3 +117,45 @@ def test_a_started_run_gets_the_lowest_autogroup_priority() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_export_writes_the_best_epoch_without_touching_the_running_checkpoint(
+    private_user_cache: Path, mnist_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``export`` resumes a *copy* of the checkpoint with ``--epochs`` cut to the epochs done:
+    the model it writes equals a fresh run trained to the best-LL epoch (same seed), and the
+    run's own checkpoint is left as it was, so a run still going is not disturbed."""
+    from safetensors.torch import load_file
+
+    monkeypatch.setenv("BAYESGATE_DATA_DIR", str(mnist_root))
+    long_runs = load_long_runs()
+    flags = ("--preset", "mlp-2x32", "--alpha", "0.5", "--k-train", "2", "--k-val", "2",
+             "--epochs", "6", "--limit", "512", "--val-size", "1000", "--lr", "0.05",
+             "--keep-best", "--no-progress")  # fmt: skip
+    run = long_runs.Run("tiny-long", "train", flags, 17)
+    monkeypatch.setitem(long_runs.RUNS, run.name, run)
+    bayesgate = str(Path(sys.executable).with_name("bayesgate"))
+    # three of the six epochs done, as a run interrupted (or still going) would have them
+    partial = long_runs.export_argv(run, bayesgate, run.checkpoint, run.out, 3)
+    subprocess.run(partial, check=True, capture_output=True)
+    before = {p.name: p.stat().st_mtime_ns for p in run.checkpoint.iterdir()}
+    history = [json.loads(line) for line in (run.checkpoint / "history.jsonl").open()]
+    best = max(history, key=lambda r: r["val_log_likelihood"])["epoch"]
+
+    out = private_user_cache / "exported"
+    assert long_runs.main(["export", run.name, str(out)]) == 0
+    assert {p.name: p.stat().st_mtime_ns for p in run.checkpoint.iterdir()} == before
+    card = json.loads((out / "card.json").read_text())
+    assert card["training"]["best_epoch"] == best and card["training"]["epochs_run"] == 3
+
+    fresh = private_user_cache / "fresh"
+    argv = long_runs.export_argv(run, bayesgate, private_user_cache / "fresh-ckpt", fresh, best)
+    argv.remove("--keep-best")
+    subprocess.run(argv, check=True, capture_output=True)
+    exported, reference = (
+        load_file(out / "model.safetensors"),
+        load_file(fresh / "model.safetensors"),
+    )
+    assert exported.keys() == reference.keys()
+    assert all(exported[k].equal(reference[k]) for k in reference)
+    assert long_runs.main(["export", "no-such-run", str(out)]) == 2
