@@ -180,7 +180,8 @@ def pid_alive(run: Run) -> int | None:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except (OSError, ValueError):
         return None
-    return pid if run.name.encode() in cmdline else None
+    # a train run's argv has ``--name NAME``, a UCI sweep's only its ``--out`` directory
+    return pid if run.name.encode() in cmdline or str(run.out).encode() in cmdline else None
 
 
 def status_rows(runs: list[Run]) -> list[dict[str, object]]:

@@ -103,6 +103,27 @@ def test_uci_progress_counts_finished_splits(private_user_cache: Path) -> None:
     assert long_runs.status_rows([run])[0]["done"] == "3/20"
 
 
+def test_a_running_uci_sweep_is_seen_as_running(private_user_cache: Path) -> None:
+    """A UCI sweep's command line names its output directory, not the run: ``status`` must
+    still see it running and ``start`` must not start it twice."""
+    long_runs = load_long_runs()
+    run = long_runs.RUNS["uci-power-plant-learned-tau-200ep"]
+    run.out.mkdir(parents=True)
+    stand_in = [sys.executable, "-c", "import time; time.sleep(30)", "--out", str(run.out)]
+    child = subprocess.Popen(stand_in)
+    try:
+        (run.checkpoint / "pid").write_text(f"{child.pid}\n")
+        assert long_runs.pid_alive(run) == child.pid
+        shorter = long_runs.RUNS["uci-power-plant-learned-tau"]  # its out is a prefix of this one
+        (shorter.checkpoint).mkdir(parents=True)
+        (shorter.checkpoint / "pid").write_text(f"{child.pid}\n")
+        assert long_runs.pid_alive(shorter) is None
+        assert long_runs.status_rows([run])[0]["running"] is True
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_a_started_run_gets_the_lowest_autogroup_priority() -> None:
     """A run in its own session must not outrank the user's work: its autogroup gets nice 19
     where the kernel has autogroups, and the call says False where it has none."""
