@@ -7,6 +7,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -112,6 +113,11 @@ def test_a_running_uci_sweep_is_seen_as_running(private_user_cache: Path) -> Non
     stand_in = [sys.executable, "-c", "import time; time.sleep(30)", "--out", str(run.out)]
     child = subprocess.Popen(stand_in)
     try:
+        cmdline = Path(f"/proc/{child.pid}/cmdline")
+        deadline = time.monotonic() + 10
+        while str(run.out).encode() not in cmdline.read_bytes().split(b"\0"):  # until exec'd
+            assert time.monotonic() < deadline, "the stand-in process never started"
+            time.sleep(0.01)
         (run.checkpoint / "pid").write_text(f"{child.pid}\n")
         assert long_runs.pid_alive(run) == child.pid
         shorter = long_runs.RUNS["uci-power-plant-learned-tau"]  # its out is a prefix of this one
