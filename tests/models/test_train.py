@@ -87,9 +87,12 @@ def test_deterministic_preset_trains_with_k_one(train_data: Data, preset: str, k
     assert result.best_epoch == 1
 
 
-def test_early_stopping_keeps_the_best_weights(train_data: Data, val_data: Data) -> None:
-    # Random training labels: the net memorises noise, so the validation log-likelihood on the
-    # true labels peaks early and then falls, which triggers early stopping.
+def _noisy_label_run(
+    train_data: Data, val_data: Data, **changes: object
+) -> tuple[torch.nn.Module, object, dict[int, dict[str, torch.Tensor]], tuple[torch.Tensor, ...]]:
+    """Random training labels: the net memorises noise, so the validation log-likelihood on the
+    true labels peaks early and then falls. Returns the net, the result, the weights after every
+    epoch and the validation data."""
     x = train_data[0][:500]
     y_noise = torch.randint(0, 10, (500,), generator=torch.Generator().manual_seed(0))
     xv, yv = val_data[0][:300], val_data[1][:300]
@@ -99,51 +102,42 @@ def test_early_stopping_keeps_the_best_weights(train_data: Data, val_data: Data)
     def on_epoch(row: dict[str, float]) -> None:
         snapshots[int(row["epoch"])] = copy.deepcopy(net.state_dict())
 
-    config = TrainConfig(
-        epochs=8, batch_size=50, lr=1e-2, k_train=2, k_val=5, patience=2, weight_decay=0.0
-    )
+    config = TrainConfig(batch_size=50, lr=1e-2, k_train=2, k_val=5, weight_decay=0.0, **changes)
     result = train(net, (x, y_noise), (xv, yv), config, progress=False, on_epoch=on_epoch)
+    return net, result, snapshots, (xv, yv)
+
+
+def _assert_best_weights_kept(net: torch.nn.Module, result, snapshots) -> int:
+    """The run reports and holds the weights of its best validation LL; returns that epoch."""
     ll = [row["val_log_likelihood"] for row in result.history]
     best = int(np.argmax(ll)) + 1
     assert result.best_epoch == best
-    # it stopped `patience` epochs after the best one, before the epoch budget ran out
-    assert len(result.history) == best + 2 < 8
     final = net.state_dict()
     for name, tensor in snapshots[best].items():
         assert torch.equal(final[name], tensor)
-    assert any(not torch.equal(final[n], t) for n, t in snapshots[len(ll)].items())
     assert result.val_metrics["log_likelihood"] == ll[best - 1]
+    return best
+
+
+def test_early_stopping_keeps_the_best_weights(train_data: Data, val_data: Data) -> None:
+    net, result, snapshots, (xv, yv) = _noisy_label_run(train_data, val_data, epochs=8, patience=2)
+    best = _assert_best_weights_kept(net, result, snapshots)
+    # it stopped `patience` epochs after the best one, before the epoch budget ran out
+    assert len(result.history) == best + 2 < 8
+    last = snapshots[len(result.history)]
+    assert any(not torch.equal(net.state_dict()[n], t) for n, t in last.items())
     # the reported metrics are those of the weights kept
-    again = evaluate(net, xv, yv, k=5, seed=config.seed)
+    again = evaluate(net, xv, yv, k=5, seed=0)
     assert again["log_likelihood"] == pytest.approx(result.val_metrics["log_likelihood"])
 
 
 def test_keep_best_trains_every_epoch_and_ends_with_the_best_weights(
     train_data: Data, val_data: Data
 ) -> None:
-    # the same noisy-label run as above: validation LL peaks early, but keep_best never stops
-    x = train_data[0][:500]
-    y_noise = torch.randint(0, 10, (500,), generator=torch.Generator().manual_seed(0))
-    xv, yv = val_data[0][:300], val_data[1][:300]
-    net = _net()
-    snapshots: dict[int, dict[str, torch.Tensor]] = {}
-
-    def on_epoch(row: dict[str, float]) -> None:
-        snapshots[int(row["epoch"])] = copy.deepcopy(net.state_dict())
-
-    config = TrainConfig(
-        epochs=6, batch_size=50, lr=1e-2, k_train=2, k_val=5, keep_best=True, weight_decay=0.0
-    )
-    result = train(net, (x, y_noise), (xv, yv), config, progress=False, on_epoch=on_epoch)
-    ll = [row["val_log_likelihood"] for row in result.history]
-    best = int(np.argmax(ll)) + 1
-    assert len(result.history) == 6  # every epoch ran
-    assert best < 6  # the check below is not the trivial "last epoch" one
-    assert result.best_epoch == best
-    final = net.state_dict()
-    for name, tensor in snapshots[best].items():
-        assert torch.equal(final[name], tensor)
-    assert result.val_metrics["log_likelihood"] == ll[best - 1]
+    net, result, snapshots, _ = _noisy_label_run(train_data, val_data, epochs=6, keep_best=True)
+    best = _assert_best_weights_kept(net, result, snapshots)
+    assert len(result.history) == 6  # every epoch ran: keep_best never stops
+    assert best < 6  # so the check above was not the trivial "last epoch" one
 
 
 def test_without_patience_the_last_weights_are_kept(train_data: Data) -> None:
