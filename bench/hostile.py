@@ -83,75 +83,133 @@ def metrics(server: Server) -> str:
     return httpx.get(server.base + "/metrics", timeout=30, trust_env=False).text
 
 
+async def loop_lag(stop_at: float, every_s: float = 0.01) -> list[float]:
+    """The load generator's own event-loop lag (ms): how late a ``sleep(every_s)`` wakes up."""
+    out = []
+    while time.monotonic() < stop_at:
+        t = time.monotonic()
+        await asyncio.sleep(every_s)
+        out.append((time.monotonic() - t - every_s) * 1000)
+    return out
+
+
 async def heavy_clients(
-    base: str, clients: int, duration: float, images: int, k: int
-) -> list[tuple[int, float]]:
-    """``clients`` loops sending ``images``-image requests until ``duration`` has passed."""
+    base: str, clients: int, duration: float, images: int, k: int, lag: list[float] | None = None
+) -> list[tuple[int, float, str]]:
+    """``clients`` loops sending ``images``-image requests until ``duration`` has passed:
+    ``(status, seconds at the client, X-Request-ID)`` per request; ``lag`` gets the client's
+    own loop lag (:func:`loop_lag`)."""
     body = json.dumps({"images": [png_b64(i) for i in range(images)], "mc_samples": k}).encode()
-    headers = {"content-type": "application/json"}  # encoded once: the client stays light
-    out: list[tuple[int, float]] = []
+    out: list[tuple[int, float, str]] = []
     stop_at = time.monotonic() + duration
     limits = httpx.Limits(max_connections=clients)
     async with httpx.AsyncClient(base_url=base, timeout=120, limits=limits, trust_env=False) as c:
 
-        async def loop() -> None:
+        async def loop(client: int) -> None:
+            n = 0
             while time.monotonic() < stop_at:
+                n += 1
+                rid = f"c{client}-{n}"
+                headers = {"content-type": "application/json", "x-request-id": rid}
                 t = time.monotonic()
                 try:
                     r = await c.post("/v1/predict", content=body, headers=headers)
                     status = r.status_code
                 except httpx.TransportError:
                     status = 0
-                out.append((status, time.monotonic() - t))
+                out.append((status, time.monotonic() - t, rid))
                 if status == 503:
                     await asyncio.sleep(1.0)  # honour Retry-After: 1
 
-        await asyncio.gather(*(loop() for _ in range(clients)))
+        lagged = asyncio.ensure_future(loop_lag(stop_at))
+        await asyncio.gather(*(loop(i) for i in range(clients)))
+        if lag is not None:
+            lag.extend(await lagged)
+    return out
+
+
+def late_504s(
+    results: list[tuple[int, float, str]], log: str, timeout: float
+) -> list[dict[str, float]]:
+    """The 504s later than ``timeout`` + 10 % at the client, each with the server's own duration
+    (its access log: the request reaching the app to its answer) and the difference, spent
+    outside the app (connection, head, loops, the client's own lag)."""
+    server = server_durations(log)
+    out = []
+    for status, seconds, rid in results:
+        if status == 504 and seconds > 1.1 * timeout:
+            in_server = server.get(rid, float("nan")) / 1000
+            out.append(
+                {
+                    "client_s": round(seconds, 3),
+                    "server_s": round(in_server, 3),
+                    "outside_s": round(seconds - in_server, 3),
+                }
+            )
     return out
 
 
 def overload(args: argparse.Namespace) -> dict[str, Any]:
     timeout = args.request_timeout
+    lag: list[float] = []
     with start(args, request_timeout_s=timeout) as server:
-        results = asyncio.run(heavy_clients(server.base, args.clients, args.duration, 256, args.k))
+        results = asyncio.run(
+            heavy_clients(server.base, args.clients, args.duration, 256, args.k, lag)
+        )
         text = metrics(server)
         log = server.stderr_text()
-    statuses = [s for s, _ in results]
+    statuses = [s for s, _, _ in results]
     answered_200 = statuses.count(200)
     succeeded = metric_value(text, "bayesgate_inference_requests_total", outcome="succeeded")
+    server_504 = server_ms(log, "/v1/predict", 504)
+    late = late_504s(results, log, timeout)
     return {
         "scenario": f"overload: 256-image requests, {args.clients} clients, {args.duration:g} s",
         "request_timeout_s": timeout,
         "statuses": {str(s): statuses.count(s) for s in sorted(set(statuses))},
         "503_latency_ms_p50_max": [
-            round(percentile([t * 1000 for s, t in results if s == 503], q), 1) for q in (50, 100)
+            round(percentile([t * 1000 for s, t, _ in results if s == 503], q), 1)
+            for q in (50, 100)
         ],
         "503_in_server_ms_p50_max": [
             round(percentile(server_ms(log, "/v1/predict", 503), q), 1) for q in (50, 100)
         ],
-        "504_beyond_deadline_plus_10pct": sum(
-            1 for s, t in results if s == 504 and t > 1.1 * timeout
+        "504_in_server_ms_p50_max": [round(percentile(server_504, q), 1) for q in (50, 100)],
+        "504_in_server_beyond_deadline_plus_10pct": sum(
+            1 for ms in server_504 if ms > 1100 * timeout
         ),
-        "any_answer_beyond_deadline_plus_10pct": sum(1 for _, t in results if t > 1.1 * timeout),
+        "504_beyond_deadline_plus_10pct": len(late),
+        "late_504s": late,
+        "client_loop_lag_ms_p50_p99_max": [round(percentile(lag, q), 1) for q in (50, 99, 100)],
+        "any_answer_beyond_deadline_plus_10pct": sum(1 for _, t, _ in results if t > 1.1 * timeout),
         "jobs_computed_not_answered_200": succeeded - answered_200,
         "jobs_dropped": {
-            r: metric_value(text, "bayesgate_jobs_dropped_total", reason=r)
+            f"{r}/{stage}": metric_value(
+                text, "bayesgate_jobs_dropped_total", reason=r, stage=stage
+            )
             for r in ("deadline", "client_gone")
+            for stage in ("queued", "computing")
         },
     }
+
+
+def access_records(log: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in log.splitlines() if '"bayesgate.access"' in line]
+
+
+def server_durations(log: str) -> dict[str, float]:
+    """``X-Request-ID`` → the server's duration (ms) of that request (its access log)."""
+    return {r["request_id"]: float(r["duration_ms"]) for r in access_records(log)}
 
 
 def server_ms(log: str, route: str, status: int) -> list[float]:
     """Durations (ms) in the server's JSON access log of ``route``'s answers with ``status``: from
     the request reaching the app to its answer written."""
-    out = []
-    for line in log.splitlines():
-        if '"bayesgate.access"' not in line:
-            continue
-        record = json.loads(line)
-        if record.get("route") == route and record.get("status") == status:
-            out.append(float(record["duration_ms"]))
-    return out
+    return [
+        float(r["duration_ms"])
+        for r in access_records(log)
+        if r.get("route") == route and r.get("status") == status
+    ]
 
 
 async def probe_healthz(base: str, until: float) -> list[float]:
@@ -166,7 +224,7 @@ async def probe_healthz(base: str, until: float) -> list[float]:
 
 
 def healthz(args: argparse.Namespace) -> dict[str, Any]:
-    async def both(base: str) -> tuple[list[tuple[int, float]], list[float]]:
+    async def both(base: str) -> tuple[list[tuple[int, float, str]], list[float]]:
         until = time.monotonic() + args.duration
         return await asyncio.gather(
             heavy_clients(base, 16, args.duration, 256, args.k), probe_healthz(base, until)
@@ -174,7 +232,7 @@ def healthz(args: argparse.Namespace) -> dict[str, Any]:
 
     with start(args, request_timeout_s=args.request_timeout) as server:
         results, probes = asyncio.run(both(server.base))
-    statuses = [s for s, _ in results]
+    statuses = [s for s, _, _ in results]
     return {
         "scenario": f"/healthz while 16 clients send 256-image requests, {args.duration:g} s",
         "probes": len(probes),

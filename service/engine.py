@@ -6,11 +6,16 @@ detector) returns :class:`~bayesgate.models.mc.engine.MCFeaturePrediction`: the 
 and, from the same K passes, the features the detector reads.
 
 Replaceable per worker (``BatchWorker.engine``): the tests slow it down, gate it or make it fail.
+
+:func:`checkpoints` makes any engine call on a network interruptible between layers: the worker
+stops a call whose job's client is gone or whose deadline passed before the next layer runs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -34,3 +39,34 @@ def mc_engine(
     if features:
         return mc_predict_features(network, x, k, generator=generator)
     return mc_predict(network, x, k, generator=generator).probs
+
+
+class CallStopped(Exception):
+    """Raised by a check inside an engine call: a job of the call is to be dropped."""
+
+
+@contextlib.contextmanager
+def checkpoints(network: nn.Module, check: Callable[[], None]) -> Iterator[int]:
+    """Call ``check()`` before every layer (leaf module) of ``network`` runs, in this thread only,
+    for the duration of the block; yields the number of layers hooked.
+
+    ``check`` raises (:class:`CallStopped`) to stop the engine call at that layer, so a call is
+    interruptible at the granularity of one layer over at most the engine's row chunk
+    (:data:`~bayesgate.models.mc.engine.DEFAULT_MAX_ROWS` head rows, ``max_rows // K`` images
+    for the trunk). The check only reads: the masks drawn and every number computed are the same
+    as without it (the engine's random stream is untouched). Other threads running the same
+    network (none in the service: the worker owns it) are not checked.
+    """
+    owner = threading.get_ident()
+
+    def before_layer(_module: nn.Module, _inputs: tuple[object, ...]) -> None:
+        if threading.get_ident() == owner:
+            check()
+
+    leaves = [m for m in network.modules() if next(m.children(), None) is None]
+    handles = [m.register_forward_pre_hook(before_layer) for m in leaves]
+    try:
+        yield len(handles)
+    finally:
+        for handle in handles:
+            handle.remove()

@@ -6,8 +6,10 @@ One :class:`Metrics` per app. Names (Triton-like: named for what they count):
 - ``bayesgate_http_request_duration_seconds{method,route}`` (histogram): request latency;
 - ``bayesgate_inference_requests_total{outcome}`` (counter): inference jobs ``succeeded``,
   ``failed`` (engine error), ``expired`` (dropped before computing), ``rejected`` (queue full);
-- ``bayesgate_jobs_dropped_total{reason}`` (counter): jobs dropped before their batch ran, never
-  computed: ``deadline`` (the request's deadline passed) or ``client_gone`` (the client hung up);
+- ``bayesgate_jobs_dropped_total{reason,stage}`` (counter): jobs dropped, ``deadline`` (the
+  request's deadline passed) or ``client_gone`` (the client hung up); ``stage="queued"`` before
+  their batch ran (never computed), ``"computing"`` stopped between two layers of their engine
+  call (the rest never computed);
 - ``bayesgate_inference_queue_seconds`` (histogram): enqueue → start of the job's engine call;
 - ``bayesgate_inference_compute_seconds`` (histogram): one engine call (K passes + summary);
 - ``bayesgate_inference_batch_size`` (histogram): instances per engine call;
@@ -51,6 +53,7 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 OUTCOMES = ("succeeded", "failed", "expired", "rejected")
 DROP_REASONS = ("deadline", "client_gone")
+DROP_STAGES = ("queued", "computing")
 
 
 def multiprocess_dir() -> str | None:
@@ -86,7 +89,8 @@ class Metrics:
         for outcome in OUTCOMES:  # exported at 0 from the start
             self.inference_requests.labels(outcome)
         for reason in DROP_REASONS:
-            self.jobs_dropped.labels(reason)
+            for stage in DROP_STAGES:
+                self.jobs_dropped.labels(reason, stage)
 
     def _define_http_metrics(self, reg: CollectorRegistry | None) -> None:
         self.http_requests = Counter(
@@ -113,9 +117,9 @@ class Metrics:
         )
         self.jobs_dropped = Counter(
             "bayesgate_jobs_dropped",
-            "inference jobs dropped before their batch ran, never computed: deadline (passed "
-            "before the batch), client_gone (the client hung up)",
-            ["reason"],
+            "inference jobs dropped: deadline (passed) or client_gone (the client hung up); "
+            "stage queued (never computed) or computing (stopped between two layers)",
+            ["reason", "stage"],
             registry=reg,
         )
         self.queue_seconds = Histogram(
@@ -179,8 +183,8 @@ class Metrics:
     def count_requests(self, outcome: str, n: int = 1) -> None:
         self.inference_requests.labels(outcome).inc(n)
 
-    def count_dropped(self, reason: str, n: int = 1) -> None:
-        self.jobs_dropped.labels(reason).inc(n)
+    def count_dropped(self, reason: str, n: int = 1, stage: str = "queued") -> None:
+        self.jobs_dropped.labels(reason, stage).inc(n)
 
     def observe_engine_call(self, instances: int, seconds: float) -> None:
         self.batch_size.observe(instances)

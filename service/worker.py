@@ -29,7 +29,13 @@ fixed by the caller from the moment its request *arrived* (not when it was enque
 deadline has passed — or would pass before it finished even at the fastest per-pass rate of the
 last 64 engine calls, once there are 8 (:meth:`BatchWorker.fastest_seconds`) —, or whose client
 hung up (the route cancels it), before its batch runs is dropped — never computed — and counted
-in ``bayesgate_jobs_dropped_total{reason}`` (``deadline``, ``client_gone``). At the drain deadline
+in ``bayesgate_jobs_dropped_total{reason}`` (``deadline``, ``client_gone``). A job already
+computing is checked before every layer of its engine call
+(:func:`~bayesgate.service.engine.checkpoints`): once its client is gone or its deadline passed,
+the call stops there, the job is answered (504, or 499 for a client gone) and counted with
+``stage="computing"``, and the other jobs of the call run again without it. The request waits for
+that (one layer, :meth:`BatchWorker._stopped`), so no client is answered while its job is still
+computed, and no job finishes for a client already answered. At the drain deadline
 :meth:`BatchWorker.abandon` answers every queued and running job with :class:`NotReady` (503) so
 no client is left to uvicorn's cancellation.
 
@@ -57,7 +63,7 @@ from typing import Any
 
 import torch
 
-from bayesgate.service.engine import Engine, mc_engine
+from bayesgate.service.engine import CallStopped, Engine, checkpoints, mc_engine
 from bayesgate.service.errors import (
     ClientGone,
     DeadlineExceeded,
@@ -73,6 +79,8 @@ log = logging.getLogger("bayesgate.service")
 
 _POLL_S = 0.1  # how often an idle worker checks whether it should stop
 MIN_RATE_CALLS = 8  # engine calls timed before a job's compute time is predicted from them
+STOP_WAIT_S = 2.0  # how long a request past its deadline waits for the worker to stop its job
+STOPPED_LATE = "the request's deadline passed while it was computed (server busy); it was stopped"
 
 
 @dataclass(eq=False)
@@ -196,6 +204,7 @@ class BatchWorker:
         queue_capacity: int = 256,
         max_queued_work: int | None = None,
         engine: Engine = mc_engine,
+        stop_wait_s: float = STOP_WAIT_S,
     ) -> None:
         if max_batch_size < 1 or queue_capacity < 1 or max_queue_delay_s < 0:
             raise ValueError("max_batch_size and queue_capacity must be ≥ 1, delay ≥ 0")
@@ -212,6 +221,7 @@ class BatchWorker:
         self.max_batch_size = max_batch_size
         self.max_queue_delay_s = max_queue_delay_s
         self._engine = engine
+        self.stop_wait_s = stop_wait_s
         self.stats = WorkerStats()
         self.metrics: Metrics | None = None  # set once the warm-up batch has run
         self._queue: queue.Queue[Job] = queue.Queue(maxsize=queue_capacity)
@@ -355,12 +365,14 @@ class BatchWorker:
             self._queued_work -= job.work
         return job
 
-    def drop(self, reason: str, n: int = 1) -> None:
-        """Count jobs dropped without being computed (``bayesgate_jobs_dropped_total``)."""
+    def drop(self, reason: str, n: int = 1, stage: str = "queued") -> None:
+        """Count jobs dropped (``bayesgate_jobs_dropped_total{reason,stage}``): before they were
+        computed (``queued``) or stopped between two layers of their engine call
+        (``computing``)."""
         self.stats.record(requests_expired=n)
         if self.metrics is not None:
             self.metrics.count_requests("expired", n)
-            self.metrics.count_dropped(reason, n)
+            self.metrics.count_dropped(reason, n, stage)
 
     def _report_depth(self) -> None:
         if self.metrics is not None:
@@ -414,10 +426,32 @@ class BatchWorker:
         if answer in done:
             return answer.result()
         job.dropped = "client_gone" if watcher is not None and watcher in done else "deadline"
-        job.future.cancel()  # dropped by the worker if it has not started it yet
+        if not job.future.cancel():  # running: never answer while it is being computed
+            result = await self._stopped(job, answer)
+            if result is not None and job.dropped == "deadline":
+                return result  # its last layer ran before the worker's next check
         if job.dropped == "client_gone":
             raise ClientGone("the client closed the connection before the answer")
         raise late
+
+    async def _stopped(
+        self, job: Job, answer: asyncio.Future[list[Prediction]]
+    ) -> list[Prediction] | None:
+        """Wait for the worker to stop a running job the request gave up on (it checks before
+        every layer, :meth:`_check`) and answer it (its exception is raised), or to finish it
+        first (the answer is returned). An engine that runs no layers cannot be stopped: after
+        ``stop_wait_s`` the request is answered anyway (logged)."""
+        try:
+            return await asyncio.wait_for(asyncio.shield(answer), self.stop_wait_s)
+        except (DeadlineExceeded, ClientGone):
+            return None  # stopped: the request answers with its own message
+        except asyncio.TimeoutError:
+            log.warning(
+                "worker: a job given up (%s) was not stopped within %.1f s",
+                job.dropped,
+                self.stop_wait_s,
+            )
+            return None
 
     def start(self) -> None:
         if self._thread is not None:
@@ -548,7 +582,49 @@ class BatchWorker:
         return out.probs, out.features
 
     def _run_group(self, jobs: list[Job]) -> None:
-        """One engine call over the concatenated inputs of ``jobs`` (same K); split the rows."""
+        """One engine call over the concatenated inputs of ``jobs`` (same K); split the rows.
+
+        The call is checked before every layer (:func:`~bayesgate.service.engine.checkpoints`):
+        when a job's client is gone or its deadline has passed, the call stops, that job is
+        answered (:meth:`_stop_dropped`) and the others run again without it."""
+        while jobs:
+            try:
+                self._compute_and_answer(jobs)
+                return
+            except CallStopped:
+                jobs = self._stop_dropped(jobs)
+
+    def _check(self, jobs: list[Job]) -> None:
+        """:class:`CallStopped` when a job of the running call is to be dropped: its request gave
+        up (``dropped``), its deadline passed, or it was answered (``abandon()``)."""
+        now = time.monotonic()
+        for job in jobs:
+            if job.dropped is not None or now > job.deadline or job.future.done():
+                raise CallStopped
+
+    def _stop_dropped(self, jobs: list[Job]) -> list[Job]:
+        """Answer and count the jobs of a stopped call that are dropped (``stage="computing"``);
+        return the others, which run again."""
+        now = time.monotonic()
+        rest: list[Job] = []
+        for job in jobs:
+            if job.future.done():  # answered by abandon()
+                continue
+            reason = job.dropped or ("deadline" if now > job.deadline else None)
+            if reason is None:
+                rest.append(job)
+                continue
+            self.drop(reason, stage="computing")
+            if reason == "client_gone":
+                settle(job.future, exc=ClientGone("the client closed the connection"))
+            else:
+                settle(job.future, exc=DeadlineExceeded(STOPPED_LATE))
+        self._running = rest
+        return rest
+
+    def _compute_and_answer(self, jobs: list[Job]) -> None:
+        """Run the engine over ``jobs`` (checked between layers) and answer each; an engine error
+        fails them all (:class:`InferenceFailed`)."""
         model = self.model
         k, seed = jobs[0].k, jobs[0].seed
         size = sum(job.size for job in jobs)
@@ -558,20 +634,15 @@ class BatchWorker:
             generator = None
             if seed is not None:
                 generator = torch.Generator(device=model.device).manual_seed(seed)
-            probs, features = self._engine_call(model, x, k, generator)
+            with checkpoints(model.network, lambda: self._check(jobs)):
+                probs, features = self._engine_call(model, x, k, generator)
             if probs.shape[:2] != (size, k):
                 raise RuntimeError(f"engine returned shape {tuple(probs.shape)}, expected B×K×C")
             answers = predictions(probs, model, features)
+        except CallStopped:
+            raise
         except Exception as exc:
-            seconds = time.perf_counter() - start
-            self.stats.record_call(size, len(jobs), seconds, ok=False)
-            if self.metrics is not None:
-                self.metrics.observe_engine_call(size, seconds)
-                self.metrics.count_requests("failed", len(jobs))
-            log.exception("worker: engine call failed for %d request(s)", len(jobs))
-            message = f"inference failed: {type(exc).__name__}: {exc}"
-            for job in jobs:
-                settle(job.future, exc=InferenceFailed(message))
+            self._fail(jobs, exc, size, time.perf_counter() - start)
             return
         seconds = time.perf_counter() - start
         self.stats.record_call(size, len(jobs), seconds, ok=True)
@@ -588,3 +659,13 @@ class BatchWorker:
                 rows = [replace(p, samples=s) for p, s in zip(rows, samples, strict=True)]
             offset += job.size
             settle(job.future, rows)
+
+    def _fail(self, jobs: list[Job], exc: Exception, size: int, seconds: float) -> None:
+        self.stats.record_call(size, len(jobs), seconds, ok=False)
+        if self.metrics is not None:
+            self.metrics.observe_engine_call(size, seconds)
+            self.metrics.count_requests("failed", len(jobs))
+        log.exception("worker: engine call failed for %d request(s)", len(jobs))
+        message = f"inference failed: {type(exc).__name__}: {exc}"
+        for job in jobs:
+            settle(job.future, exc=InferenceFailed(message))

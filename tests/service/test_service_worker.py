@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from raw_http import metric_value
 from torch import nn
 
 from bayesgate.models.store.directory import load_model
@@ -168,18 +169,33 @@ async def test_missed_deadline_is_504_and_expired_jobs_never_reach_the_engine(
     settings = make_settings(request_timeout_s=0.2, max_batch_size=1, max_queue_delay_ms=0.0)
     async with serving(settings) as (app, client):
         calls: list[int] = []
-        app.state.worker.engine = slowed(encoding_engine(calls), 0.6)
+        encode = encoding_engine(calls)
+
+        def slow_then_network(net: nn.Module, x: torch.Tensor, k: int, g: Any) -> torch.Tensor:
+            """0.6 s before the first layer of the network runs (where the worker checks)."""
+            probs = encode(net, x, k, g)
+            if len(calls) == 1:
+                time.sleep(0.6)
+            net(x)
+            return probs
+
+        app.state.worker.engine = slow_then_network
         body = {"instances": [image_with_code(4)]}
         late, expired = await asyncio.gather(
             client.post("/v1/predict", json=body), client.post("/v1/predict", json=body)
         )
-        await wait_for(lambda: app.state.worker.stats.snapshot()["requests_expired"] == 1)
+        # the late job stopped before its first layer, the expired one never started
+        await wait_for(lambda: app.state.worker.stats.snapshot()["requests_expired"] == 2)
         after = await client.post("/v1/predict", json=body)
+        text = app.state.metrics.exposition()[0].decode()
     for r in (late, expired):
         assert r.status_code == 504
         assert "within the request timeout of 0.2 s" in r.json()["error"]
     assert after.status_code == 200 and after.json()["predictions"][0]["label"] == 4
     assert calls == [1, 1]  # the slow call and `after`; the expired job was dropped
+    dropped = "bayesgate_jobs_dropped_total"
+    assert metric_value(text, dropped, reason="deadline", stage="computing") == 1
+    assert metric_value(text, dropped, reason="deadline", stage="queued") == 1
 
 
 async def test_worker_refuses_work_when_not_running(tiny_model_dir: Any) -> None:
