@@ -3,13 +3,17 @@
 Each scenario starts its own server (the bundled model unless ``--model-dir``), runs for a bounded
 time or count, and prints one JSON object per scenario; ``--json`` writes them all to a file.
 
-- ``overload``: ``--clients`` (96) clients each sending 256-image requests for ``--duration`` s:
-  statuses, how fast a 503 comes back (at the client, and in the server's access log), 504s past
-  the deadline + 10 %, jobs computed whose client was not answered 200 (``succeeded`` jobs minus
-  200s) and jobs dropped;
+- ``overload``: ``--clients`` (96) clients (each its own one-connection ``httpx`` client) sending
+  256-image requests for ``--duration`` s: statuses, how fast a 503 comes back (at the client, and
+  in the server's access log), 504s past the deadline + 10 % at the client and in the server, each
+  late 504 split by ``X-Request-ID`` and ``httpx`` trace into the load generator's part, the
+  server's before its app, the app's and the way back (``late_504s``), the client's own loop lag,
+  ``/healthz`` from a separate probe process, jobs computed whose client was not answered 200
+  (``succeeded`` jobs minus 200s) and jobs dropped (by reason and stage);
 - ``healthz``: ``/healthz`` latency (p50/p99/max) while 16 clients send 256-image requests;
 - ``aborted``: ``--aborted`` uploads (3,000 in the issue) sent half and closed at once, then the
-  500s in ``/metrics``, tracebacks in the log and ``/healthz`` latency;
+  500s in ``/metrics``, tracebacks in the log and ``--probes`` (100) ``/healthz`` probes, each on a
+  raw socket and with ``httpx.get``;
 - ``bomb``: the 20000×20000 PNG bomb as base64 and as an upload;
 - ``sigterm``: steady load (8 raw keep-alive clients, 1 image), SIGTERM, with 1 and 2 worker
   processes: answers, refused connections (the listener closed: nothing accepted) and resets of
@@ -25,11 +29,13 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import datetime as dt
 import io
 import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -98,22 +104,42 @@ async def heavy_clients(
 ) -> list[tuple[int, float, str]]:
     """``clients`` loops sending ``images``-image requests until ``duration`` has passed:
     ``(status, seconds at the client, X-Request-ID)`` per request; ``lag`` gets the client's
-    own loop lag (:func:`loop_lag`)."""
+    own loop lag (:func:`loop_lag`). Each loop has its own one-connection ``httpx`` client: one
+    pool shared by all loops made requests wait up to 3.7 s in the pool before their head was
+    sent (``httpx`` trace), counted against the server's deadline."""
     body = json.dumps({"images": [png_b64(i) for i in range(images)], "mc_samples": k}).encode()
     out: list[tuple[int, float, str]] = []
-    stop_at = time.monotonic() + duration
-    limits = httpx.Limits(max_connections=clients)
-    async with httpx.AsyncClient(base_url=base, timeout=120, limits=limits, trust_env=False) as c:
+    phases.clear()
+    one = httpx.Limits(max_connections=1)
+    async with contextlib.AsyncExitStack() as stack:
+        pool = [
+            await stack.enter_async_context(
+                httpx.AsyncClient(base_url=base, timeout=120, limits=one, trust_env=False)
+            )
+            for _ in range(clients)
+        ]
+        stop_at = time.monotonic() + duration
 
         async def loop(client: int) -> None:
+            c = pool[client]
             n = 0
             while time.monotonic() < stop_at:
                 n += 1
                 rid = f"c{client}-{n}"
                 headers = {"content-type": "application/json", "x-request-id": rid}
                 t = time.monotonic()
+                stamps = phases.setdefault(rid, {"start": t, "wall": time.time()})
+
+                async def trace(event: str, _: dict, stamps: dict = stamps) -> None:
+                    stamps[event] = time.monotonic()
+
                 try:
-                    r = await c.post("/v1/predict", content=body, headers=headers)
+                    r = await c.post(
+                        "/v1/predict",
+                        content=body,
+                        headers=headers,
+                        extensions={"trace": trace},
+                    )
                     status = r.status_code
                 except httpx.TransportError:
                     status = 0
@@ -128,6 +154,35 @@ async def heavy_clients(
     return out
 
 
+phases: dict[str, dict[str, float]] = {}  # X-Request-ID → httpx trace event → time.monotonic()
+
+PHASES = {
+    "connect_started_s": "connection.connect_tcp.started",
+    "connect_s": "connection.connect_tcp.complete",
+    "head_started_s": "http11.send_request_headers.started",
+    "head_sent_s": "http11.send_request_headers.complete",
+    "body_sent_s": "http11.send_request_body.complete",
+    "answer_head_s": "http11.receive_response_headers.complete",
+}
+
+
+def before_and_after_app(
+    stamps: dict[str, float], window: tuple[float, float] | None
+) -> dict[str, float]:
+    """Seconds from the client's head sent to the request reaching the app (the server's accept,
+    read and parse: its loop), and from the access-log line to the client having the answer's
+    head (the answer's way back, the client's own loop); wall clocks of one machine, ±1 ms."""
+    sent = stamps.get("http11.send_request_headers.complete")
+    got = stamps.get("http11.receive_response_headers.complete")
+    if window is None or sent is None or got is None:
+        return {}
+    wall = stamps["wall"] - stamps["start"]  # monotonic → wall clock
+    return {
+        "head_to_app_s": round(window[0] - (sent + wall), 3),
+        "log_to_client_s": round(got + wall - window[1], 3),
+    }
+
+
 def late_504s(
     results: list[tuple[int, float, str]], log: str, timeout: float
 ) -> list[dict[str, float]]:
@@ -135,29 +190,69 @@ def late_504s(
     (its access log: the request reaching the app to its answer) and the difference, spent
     outside the app (connection, head, loops, the client's own lag)."""
     server = server_durations(log)
+    windows = server_windows(log)
     out = []
     for status, seconds, rid in results:
         if status == 504 and seconds > 1.1 * timeout:
             in_server = server.get(rid, float("nan")) / 1000
+            stamps = phases.get(rid, {})
+            at = {
+                name: round(stamps[event] - stamps["start"], 3)
+                for name, event in PHASES.items()
+                if event in stamps
+            }
             out.append(
                 {
                     "client_s": round(seconds, 3),
                     "server_s": round(in_server, 3),
                     "outside_s": round(seconds - in_server, 3),
+                    **at,
+                    **before_and_after_app(stamps, windows.get(rid)),
                 }
             )
     return out
+
+
+PROBE_PROCESS = """
+import json, socket, sys, time
+port, until = int(sys.argv[1]), time.monotonic() + float(sys.argv[2])
+out = []
+while time.monotonic() < until:
+    t = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\\r\\nhost: x\\r\\n\\r\\n")
+        data = b""
+        while b"\\r\\n\\r\\n" not in data:
+            data += sock.recv(4096)
+    out.append((time.monotonic() - t) * 1000)
+    time.sleep(0.05)
+print(json.dumps(out))
+"""
+
+
+def probe_process(port: int, duration: float) -> subprocess.Popen[str]:
+    """A separate light process probing ``/healthz`` on new raw connections every 50 ms (away
+    from the load generator's loop and GIL): the server's responsiveness, accept to answer (the
+    probe's own time in the app is well under a millisecond)."""
+    return subprocess.Popen(
+        [sys.executable, "-c", PROBE_PROCESS, str(port), str(duration)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
 
 def overload(args: argparse.Namespace) -> dict[str, Any]:
     timeout = args.request_timeout
     lag: list[float] = []
     with start(args, request_timeout_s=timeout) as server:
+        probe = probe_process(int(server.base.rsplit(":", 1)[1]), args.duration)
         results = asyncio.run(
             heavy_clients(server.base, args.clients, args.duration, 256, args.k, lag)
         )
+        probe.wait(60)
         text = metrics(server)
         log = server.stderr_text()
+    probes_ms = json.loads(probe.communicate()[0])
     statuses = [s for s, _, _ in results]
     answered_200 = statuses.count(200)
     succeeded = metric_value(text, "bayesgate_inference_requests_total", outcome="succeeded")
@@ -181,6 +276,9 @@ def overload(args: argparse.Namespace) -> dict[str, Any]:
         "504_beyond_deadline_plus_10pct": len(late),
         "late_504s": late,
         "client_loop_lag_ms_p50_p99_max": [round(percentile(lag, q), 1) for q in (50, 99, 100)],
+        "healthz_probe_process_ms_p50_p99_max": [
+            round(percentile(probes_ms, q), 1) for q in (50, 99, 100)
+        ],
         "any_answer_beyond_deadline_plus_10pct": sum(1 for _, t, _ in results if t > 1.1 * timeout),
         "jobs_computed_not_answered_200": succeeded - answered_200,
         "jobs_dropped": {
@@ -195,6 +293,16 @@ def overload(args: argparse.Namespace) -> dict[str, Any]:
 
 def access_records(log: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in log.splitlines() if '"bayesgate.access"' in line]
+
+
+def server_windows(log: str) -> dict[str, tuple[float, float]]:
+    """``X-Request-ID`` → (wall-clock time the request reached the app, time its access-log line
+    was written, just after the answer), from the log's ``ts`` (ms) and ``duration_ms``."""
+    out = {}
+    for r in access_records(log):
+        end = dt.datetime.fromisoformat(r["ts"]).timestamp()
+        out[r["request_id"]] = (end - float(r["duration_ms"]) / 1000, end)
+    return out
 
 
 def server_durations(log: str) -> dict[str, float]:
@@ -241,6 +349,23 @@ def healthz(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def healthz_probes(server: Server, n: int) -> dict[str, list[float]]:
+    """``n`` ``/healthz`` probes 50 ms apart, each timed two ways (ms): ``httpx.get`` (a new
+    client and connection per probe, as before) and a raw socket (a new connection, nothing else
+    at the client)."""
+    port = int(server.base.rsplit(":", 1)[1])
+    httpx_ms, raw_ms = [], []
+    for _ in range(n):
+        t = time.monotonic()
+        httpx.get(server.base + "/healthz", timeout=30, trust_env=False)
+        httpx_ms.append((time.monotonic() - t) * 1000)
+        t = time.monotonic()
+        one_exchange(port, b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n", timeout=30)
+        raw_ms.append((time.monotonic() - t) * 1000)
+        time.sleep(0.05)
+    return {"httpx": httpx_ms, "raw": raw_ms}
+
+
 def aborted(args: argparse.Namespace) -> dict[str, Any]:
     buffer = io.BytesIO()
     Image.new("L", (28, 28)).save(buffer, format="PNG")
@@ -252,11 +377,7 @@ def aborted(args: argparse.Namespace) -> dict[str, Any]:
             aborted_upload(port, body, fraction=0.5)
         send_s = time.monotonic() - t
         time.sleep(2.0)
-        probes = []
-        for _ in range(20):
-            t = time.monotonic()
-            httpx.get(server.base + "/healthz", timeout=30, trust_env=False)
-            probes.append((time.monotonic() - t) * 1000)
+        probes = healthz_probes(server, args.probes)
         text = metrics(server)
         log = server.stderr_text()
     route = "/v1/predict/file"
@@ -266,7 +387,13 @@ def aborted(args: argparse.Namespace) -> dict[str, Any]:
         "counted_499": metric_value(text, HTTP_TOTAL, route=route, status="499"),
         "counted_500": metric_value(text, HTTP_TOTAL, status="500"),
         "tracebacks_in_log": log.count("Traceback"),
-        "healthz_after_ms_p50_max": [round(percentile(probes, q), 1) for q in (50, 100)],
+        "healthz_probes": args.probes,
+        **{
+            f"healthz_after_ms_p50_p99_max_{how}": [
+                round(percentile(ms, q), 1) for q in (50, 99, 100)
+            ]
+            for how, ms in probes.items()
+        },
     }
 
 
@@ -435,6 +562,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--request-timeout", type=float, default=5.0)
     p.add_argument("--aborted", type=int, default=3000)
+    p.add_argument("--probes", type=int, default=100, help="/healthz probes after the aborts")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument(
         "--only",
