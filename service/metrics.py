@@ -5,7 +5,8 @@ One :class:`Metrics` per app. Names (Triton-like: named for what they count):
 - ``bayesgate_http_requests_total{method,route,status}`` (counter): HTTP requests answered;
 - ``bayesgate_http_request_duration_seconds{method,route}`` (histogram): request latency;
 - ``bayesgate_inference_requests_total{outcome}`` (counter): inference jobs ``succeeded``,
-  ``failed`` (engine error), ``expired`` (dropped before computing), ``rejected`` (queue full);
+  ``failed`` (engine error), ``expired`` (dropped: before computing, or stopped while computing),
+  ``rejected`` (queue full);
 - ``bayesgate_jobs_dropped_total{reason,stage}`` (counter): jobs dropped, ``deadline`` (the
   request's deadline passed) or ``client_gone`` (the client hung up); ``stage="queued"`` before
   their batch ran (never computed), ``"computing"`` stopped between two layers of their engine
@@ -110,8 +111,8 @@ class Metrics:
     def _define_inference_metrics(self, reg: CollectorRegistry | None) -> None:
         self.inference_requests = Counter(
             "bayesgate_inference_requests",
-            "inference jobs by outcome: succeeded, failed (engine error), expired (deadline passed "
-            "in the queue), rejected (queue full)",
+            "inference jobs by outcome: succeeded, failed (engine error), expired (dropped: "
+            "client gone or deadline passed, queued or computing), rejected (queue full)",
             ["outcome"],
             registry=reg,
         )
