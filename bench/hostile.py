@@ -261,6 +261,7 @@ def overload(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "scenario": f"overload: 256-image requests, {args.clients} clients, {args.duration:g} s",
         "request_timeout_s": timeout,
+        "k": args.k,
         "statuses": {str(s): statuses.count(s) for s in sorted(set(statuses))},
         "503_latency_ms_p50_max": [
             round(percentile([t * 1000 for s, t, _ in results if s == 503], q), 1)
