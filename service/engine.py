@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 
 import torch
@@ -45,28 +46,41 @@ class CallStopped(Exception):
     """Raised by a check inside an engine call: a job of the call is to be dropped."""
 
 
+_ACTIVE = threading.local()  # .check: the current thread's check inside checkpoints()
+_HOOKED: weakref.WeakKeyDictionary[nn.Module, int] = weakref.WeakKeyDictionary()
+
+
+def _before_layer(_module: nn.Module, _inputs: tuple[object, ...]) -> None:
+    check = getattr(_ACTIVE, "check", None)
+    if check is not None:
+        check()
+
+
 @contextlib.contextmanager
 def checkpoints(network: nn.Module, check: Callable[[], None]) -> Iterator[int]:
-    """Call ``check()`` before every layer (leaf module) of ``network`` runs, in this thread only,
-    for the duration of the block; yields the number of layers hooked.
+    """Call ``check()`` before every layer (leaf module) of ``network`` that runs in this thread
+    during the block; yields the number of layers hooked.
 
     ``check`` raises (:class:`CallStopped`) to stop the engine call at that layer, so a call is
     interruptible at the granularity of one layer over at most the engine's row chunk
     (:data:`~bayesgate.models.mc.engine.DEFAULT_MAX_ROWS` head rows, ``max_rows // K`` images
     for the trunk). The check only reads: the masks drawn and every number computed are the same
-    as without it (the engine's random stream is untouched). Other threads running the same
-    network (none in the service: the worker owns it) are not checked.
+    as without it (the engine's random stream is untouched).
+
+    The forward pre-hooks are installed once per network, on its first use, and stay: they call
+    the check of the thread running the layer, if it is inside this block, else nothing. So other
+    threads (the demo's attack copies the network) never see a hook added or removed under them,
+    and are never checked.
     """
-    owner = threading.get_ident()
-
-    def before_layer(_module: nn.Module, _inputs: tuple[object, ...]) -> None:
-        if threading.get_ident() == owner:
-            check()
-
-    leaves = [m for m in network.modules() if next(m.children(), None) is None]
-    handles = [m.register_forward_pre_hook(before_layer) for m in leaves]
+    layers = _HOOKED.get(network)
+    if layers is None:
+        leaves = [m for m in network.modules() if next(m.children(), None) is None]
+        for module in leaves:
+            module.register_forward_pre_hook(_before_layer)
+        layers = _HOOKED[network] = len(leaves)
+    outer = getattr(_ACTIVE, "check", None)
+    _ACTIVE.check = check
     try:
-        yield len(handles)
+        yield layers
     finally:
-        for handle in handles:
-            handle.remove()
+        _ACTIVE.check = outer
