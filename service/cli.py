@@ -107,7 +107,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from bayesgate.models.device import pick_device
     from bayesgate.service.errors import StartupError
-    from bayesgate.service.http_server import DRAINING_H11
+    from bayesgate.service.http_server import http_protocol
     from bayesgate.service.logs import uvicorn_log_config
     from bayesgate.service.served_model import load_served_model
     from bayesgate.service.settings import settings_from_env
@@ -165,9 +165,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 log_config=uvicorn_log_config(settings.log_level, settings.log_format),
                 access_log=False,  # the app writes its own access log (with request ids)
                 timeout_graceful_shutdown=settings.drain_timeout_s,  # type: ignore[arg-type]
-                # h11 (not httptools) bounds the request line + headers; see docs/service.md.
-                # Its shutdown keeps connections whose request is on its way (http_server.py).
-                http=DRAINING_H11,
+                # Both parsers bound the request line + headers, and their shutdown keeps
+                # connections whose request is on its way (http_server.py, httptools_protocol.py).
+                http=http_protocol(settings.http_parser),
                 h11_max_incomplete_event_size=settings.max_header_bytes,
                 timeout_keep_alive=settings.keep_alive_timeout_s,
             )

@@ -116,3 +116,20 @@ def accept_all(listener: socket.socket) -> list[socket.socket]:
         except OSError:  # closed or not listening
             return taken
         taken.append(conn)
+
+
+def http_protocol(parser: str) -> str:
+    """uvicorn's ``http=`` import string for ``BAYESGATE_HTTP_PARSER`` (auto, httptools, h11):
+    auto is httptools when it is installed (it is part of ``uvicorn[standard]``), else h11."""
+    if parser == "auto":
+        try:
+            import httptools  # noqa: F401
+        except ImportError:
+            parser = "h11"
+        else:
+            parser = "httptools"
+    if parser == "httptools":
+        from bayesgate.service.httptools_protocol import BOUNDED_HTTPTOOLS
+
+        return BOUNDED_HTTPTOOLS
+    return DRAINING_H11

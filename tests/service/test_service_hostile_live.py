@@ -2,15 +2,18 @@
 
 - aborted uploads (headers and half a body, then a hang-up) are 499 in the log and metrics: no
   500, no traceback, and the server stays responsive;
-- request heads over BAYESGATE_MAX_HEADER_BYTES are refused by uvicorn/h11 (400, closed), more
-  than BAYESGATE_MAX_HEADER_COUNT headers are 431 JSON, and a body shorter than its
-  Content-Length is 408 JSON after BAYESGATE_BODY_READ_TIMEOUT_S.
+- request heads over BAYESGATE_MAX_HEADER_BYTES are refused (431 JSON from the httptools
+  protocol, 400 from uvicorn/h11; closed), more than BAYESGATE_MAX_HEADER_COUNT headers are 431
+  JSON, and a body shorter than its Content-Length is 408 JSON after BAYESGATE_BODY_READ_TIMEOUT_S.
+
+Every test runs against both HTTP parsers (``BAYESGATE_HTTP_PARSER``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import select
 import socket
 import time
 from collections.abc import Iterator
@@ -25,10 +28,17 @@ from serve_process import Server, start_server
 ABORTED = 40
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+@pytest.fixture(scope="module", params=["httptools", "h11"])
+def server(
+    request: pytest.FixtureRequest, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    """The server with each HTTP parser (``BAYESGATE_HTTP_PARSER``): both bound the head."""
     server = start_server(
-        tiny_model_dir, tmp_path_factory.mktemp("hostile"), drain_delay_s=0, body_read_timeout_s=1
+        tiny_model_dir,
+        tmp_path_factory.mktemp("hostile"),
+        drain_delay_s=0,
+        body_read_timeout_s=1,
+        http_parser=request.param,
     )
     try:
         yield server
@@ -75,8 +85,9 @@ def exchange(port: int, request: bytes, timeout: float = 30) -> tuple[int, dict[
 
 
 def test_oversized_request_head_is_refused_and_rss_bounded(server: Server) -> None:
-    """A 1 MiB header and 5,000 headers exceed BAYESGATE_MAX_HEADER_BYTES (32 KiB): h11 refuses a
-    head still incomplete beyond it (400, closed) and the app one that arrived at once (431)."""
+    """A 1 MiB header and 5,000 headers exceed BAYESGATE_MAX_HEADER_BYTES (32 KiB): the server
+    refuses a head still incomplete beyond it (431 or h11's 400, closed), the app one that arrived
+    at once (431)."""
     rss_before = rss_kib(server.proc.pid)
     huge = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (1 << 20) + b"\r\n\r\n"
     many = (
@@ -90,9 +101,33 @@ def test_oversized_request_head_is_refused_and_rss_bounded(server: Server) -> No
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 sock.sendall(request)
                 status, _, _ = read_response(sock)
-        assert status in (0, 400, 431), status  # h11 (head arriving in pieces) or the app
+        assert status in (0, 400, 431), status  # the server (head in pieces) or the app
     assert rss_kib(server.proc.pid) - rss_before < 64 * 1024  # nothing near 1 MiB per header kept
     assert httpx.get(f"{server.base}/healthz", timeout=10, trust_env=False).status_code == 200
+
+
+def test_a_head_arriving_in_pieces_is_refused_past_the_byte_limit(
+    server: Server, request: pytest.FixtureRequest
+) -> None:
+    """A head sent in 1 KiB pieces, never complete, is refused once past 32 KiB: JSON 431 from
+    the httptools protocol, uvicorn's plain-text 400 from h11 — closed either way."""
+    sent = 0
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        # Send until the server answers (it must, long before 256 KiB), then read the answer.
+        while sent < 256 * 1024 and not select.select([sock], [], [], 0.002)[0]:
+            sock.sendall(b"a" * 1024)
+            sent += 1024
+        status, headers, body = read_response(sock)
+        assert sock.recv(1) == b""  # and closed
+    assert 32 * 1024 <= sent < 256 * 1024, sent
+    if request.node.callspec.params["server"] == "httptools":
+        assert status == 431, body
+        assert json_body(body)["code"] == "headers_too_large"
+        assert "32768" in json_body(body)["error"]
+        assert headers["connection"] == "close"
+    else:
+        assert status == 400, body
 
 
 def test_too_many_headers_within_the_size_limit_are_431_json(server: Server) -> None:
