@@ -39,14 +39,14 @@ from typing import Any
 
 import torch
 
-from bayesgate import models
 from bayesgate.models.mc.engine import mc_predict
 from bayesgate.models.mc.uncertainty import SCORES
 from bayesgate.models.networks.registry import build_network, preset_architecture
 from bayesgate.models.store.calibration import Calibration, write_calibration
 from bayesgate.models.store.directory import ModelCard, load_model, save_model
+from bayesgate.service.settings import DEFAULT_MODEL_DIR
 
-BUNDLED = Path(models.__file__).parent / "pretrained" / "bayesgate-cnn"
+BUNDLED = DEFAULT_MODEL_DIR  # what `bayesgate serve` serves without --model-dir
 HOST = "127.0.0.1"
 MAX_DURATION_S = 120.0
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
