@@ -100,6 +100,14 @@ class Settings(BaseSettings):
         5, ge=1, description="an idle keep-alive connection is closed after this many seconds"
     )
     num_threads: int = Field(0, ge=0, description="torch CPU threads; 0 = torch's default")
+    switch_interval_us: float = Field(
+        100.0,
+        gt=0,
+        le=1_000_000,
+        description="CPython's thread switch interval while serving (sys.setswitchinterval), in "
+        "µs: how long the model thread may wait for the GIL after a torch op while the event loop "
+        "runs Python; 5000 is Python's default",
+    )
     log_level: LogLevel = "info"
     log_format: LogFormat = Field(
         "json", description="json: one JSON object per log line; text: uvicorn's plain format"
