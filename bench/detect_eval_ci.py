@@ -14,7 +14,10 @@ score), with n₁ positives (successful adversarial examples / OOD images) and n
   clean scores each one exceeds, so one positive more that sat among the clean scores would move
   A by up to 1/n₁. At A = 1 the standard error above is 0, and 1/n₁ is the honest error bar.
 
-The clean row has the fraction of clean test images flagged (the test FPR) with its Wilson interval.
+For an attack row also the attack's successes the score did not flag, k_evaded = n₁ − k, as a
+fraction of the eligible digits (those classified right clean): what gets through the flag per
+digit attacked. The clean row has the fraction of clean test images flagged (the test FPR) with its
+Wilson interval.
 """
 
 from __future__ import annotations
@@ -64,6 +67,9 @@ def row_ci(row: dict[str, Any], n_neg: int, scores: tuple[str, ...]) -> dict[str
                 "auroc_se_hanley_mcneil": round(hanley_mcneil_se(m["auroc"], n_pos, n_neg), 4),
                 "auroc_resolution": round(1 / n_pos, 4),
             }
+            if row["kind"] == "attack":
+                entry["evaded"] = n_pos - k
+                entry["evaded_of_eligible"] = round((n_pos - k) / int(row["eligible"]), 4)
         out[name] = entry
     return out
 
@@ -106,6 +112,7 @@ def main(argv: list[str] | None = None) -> None:
                     f"{name} AUROC {e['auroc']:.3f}±{e['auroc_se_hanley_mcneil']:.3f} "
                     f"(1/n {e['auroc_resolution']:.3f}), flagged {e['flagged_k']}/{row['n']} "
                     f"[{lo:.3f}, {hi:.3f}]"
+                    + (f", evaded {e['evaded']}/{row['eligible']}" if "evaded" in e else "")
                 )
         print("; ".join(cells))
 

@@ -54,5 +54,7 @@ def test_rows_of_a_result(tmp_path: Path) -> None:
     fgs, ood = out["rows"]
     assert (fgs["n"], fgs["eligible"], ood["n"]) == (5, 99, 100)
     assert fgs["fused"]["flagged_k"] == 4 and fgs["fused"]["auroc_resolution"] == 0.2
+    assert fgs["fused"]["evaded"] == 1 and fgs["fused"]["evaded_of_eligible"] == round(1 / 99, 4)
+    assert "evaded" not in ood["fused"]
     assert out["clean_test_fpr"]["fused"]["k"] == 5
     assert out["command"].startswith("python bench/detect_eval_ci.py ")
