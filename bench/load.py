@@ -331,12 +331,16 @@ def run_server(
 
             go(min(1.0, args.duration), 10_000)  # warm-up
             before, cpu0 = server.get("/v1/stats"), server.cpu_seconds()
-            loop0 = server.loop_cpu_seconds()
+            loop0, client0 = server.loop_cpu_seconds(), time.process_time()
             latencies, failures, wall = go(args.duration, args.max_requests)
+            client_cpu = time.process_time() - client0
             after, cpu1 = server.get("/v1/stats"), server.cpu_seconds()
             row = _row(name, batch, latencies, failures, wall, before, after, cpu1 - cpu0)
             loop_cpu = server.loop_cpu_seconds() - loop0
-            row["cpu_ms_loop"] = 1000 * loop_cpu / len(latencies) if latencies else float("nan")
+            n = len(latencies)
+            row["cpu_ms_loop"] = 1000 * loop_cpu / n if n else float("nan")
+            # the load generator's own CPU (this process): it shares the machine with the server
+            row["client_cpu_ms_per_request"] = 1000 * client_cpu / n if n else float("nan")
             rows.append(row)
     return rows
 
@@ -408,6 +412,7 @@ COLUMNS = [  # (title, key, format)
     ("outside", "cpu_ms_outside_model", ">9.2f"),
     ("loop", "cpu_ms_loop", ">7.2f"),
     ("CPU share", "cpu_share", ">10.2f"),
+    ("client ms/req", "client_cpu_ms_per_request", ">14.2f"),
 ]
 
 
