@@ -25,11 +25,10 @@ from pathlib import Path
 import httpx
 import torch
 
-from bayesgate import models
 from bayesgate.service.app import create_app
-from bayesgate.service.settings import Settings
+from bayesgate.service.settings import DEFAULT_MODEL_DIR, Settings
 
-BUNDLED = Path(models.__file__).parent / "pretrained" / "bayesgate-cnn"
+BUNDLED = DEFAULT_MODEL_DIR  # the model `bayesgate serve` serves by default
 GROUPS = {  # label → substrings of "file:function" summed as cumulative time (may overlap)
     "JSON parse": ("parse_json",),
     "v1 validate + decode": ("_decode_predict", "decode_instances", "PredictRequest", "validated"),

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import torch
 
-from bayesgate import models
 from bayesgate.service.engine import mc_engine
 from bayesgate.service.prediction import predictions
 from bayesgate.service.served_model import ServedModel, load_served_model
+from bayesgate.service.settings import DEFAULT_MODEL_DIR
 
-BUNDLED = Path(models.__file__).parent / "pretrained" / "bayesgate-cnn"
+BUNDLED = DEFAULT_MODEL_DIR  # the model `bayesgate serve` serves by default
 
 
 def cpu_ms_per_image(step: Callable[[], object], batch: int, seconds: float) -> float:
