@@ -62,6 +62,25 @@ def test_a_longer_uci_pass_differs_from_its_first_pass_only_in_epochs(
         }
 
 
+def test_the_gal_recipe_pass_differs_from_its_first_pass_only_in_the_optimiser_recipe(
+    private_user_cache: Path,
+) -> None:
+    """Concrete's third pass changes what Gal's scripts changed (epochs, lr, batch size) and
+    nothing else: the dataset, splits, α, p grid and learned τ are the first pass's."""
+    long_runs = load_long_runs()
+    for dataset in long_runs.UCI_GAL_RECIPE:
+        first = long_runs.RUNS[f"uci-{dataset}-learned-tau"]
+        recipe = long_runs.RUNS[f"uci-{dataset}-learned-tau-gal-recipe"]
+        a = vars(build_parser().parse_args(first.argv("bayesgate")[1:]))
+        b = vars(build_parser().parse_args(recipe.argv("bayesgate")[1:]))
+        assert (b["epochs"], b["lr"], b["batch_size"]) == (400, 1e-3, 32)
+        assert (a["lr"], a["batch_size"]) == (1e-2, 128) and b["out"] != a["out"]
+        changed = ("epochs", "lr", "batch_size", "out")
+        assert {k: v for k, v in a.items() if k not in changed} == {
+            k: v for k, v in b.items() if k not in changed
+        }
+
+
 def test_status_reads_the_history_and_start_skips_finished_runs(
     private_user_cache: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
