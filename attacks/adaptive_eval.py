@@ -32,6 +32,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from bayesgate.attacks.adaptive import AdaptivePGD, ScoreFn
+from bayesgate.attacks.adaptive_apgd import AdaptiveAPGD
 from bayesgate.attacks.detect_eval import DetectorRun
 from bayesgate.models.detection.detector import Detector, collect_features, scores_numpy
 from bayesgate.models.mc.dropout import mc_sampling
@@ -70,6 +71,9 @@ def detector_score_fn(
     return fn
 
 
+OPTIMIZERS = ("pgd", "apgd")
+
+
 @dataclass(frozen=True)
 class AdaptiveSettings:
     """Radii, detector weights (λ = 0 is plain PGD and always run), steps, test subset, K of the
@@ -87,14 +91,29 @@ class AdaptiveSettings:
     seed: int = 0
     batch_size: int = 100
     cache_dir: Path | None = None
+    optimizer: str = "pgd"  # "pgd" (fixed ε/25 steps) or "apgd" (Auto-PGD's schedule, restarts)
+    restarts: int = 1  # APGD only: runs from new random starts on the examples not yet found
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}")
+        if self.restarts < 1 or (self.restarts > 1 and self.optimizer != "apgd"):
+            raise ValueError("restarts must be ≥ 1, and more than 1 only with the apgd optimizer")
 
     def configs(self, eps: float) -> list[tuple[str, AdaptivePGD]]:
-        """``(name, attack)``: plain PGD, the adaptive attack per weight, the joint schedule."""
-        common = {"eps": eps, "steps": self.steps, "kappa": self.kappa, "delta": self.delta}
-        out = [("plain PGD", AdaptivePGD(weight=0.0, **common))]
-        out += [(f"adaptive λ={w:g}", AdaptivePGD(weight=w, **common)) for w in self.weights]
+        """``(name, attack)``: plain PGD, the adaptive attack per weight, the joint schedule
+        (with ``optimizer="apgd"``: the same configurations optimised by APGD, named so)."""
+        common: dict[str, Any] = {
+            "eps": eps, "steps": self.steps, "kappa": self.kappa, "delta": self.delta,
+        }  # fmt: skip
+        kind: type[AdaptivePGD] = AdaptivePGD
+        prefix = ""
+        if self.optimizer == "apgd":
+            kind, prefix, common["restarts"] = AdaptiveAPGD, "APGD ", self.restarts
+        out = [(f"plain {prefix or 'PGD'}".rstrip(), kind(weight=0.0, **common))]
+        out += [(f"adaptive {prefix}λ={w:g}", kind(weight=w, **common)) for w in self.weights]
         out += [
-            (f"joint λ={w:g}", AdaptivePGD(weight=w, schedule="joint", **common))
+            (f"joint {prefix}λ={w:g}", kind(weight=w, schedule="joint", **common))
             for w in self.joint_weights
         ]
         return out
@@ -142,6 +161,8 @@ def evaluate_adaptive(
         "seed_attack": settings.seed,
         "seed_eval": run.eval_seed,
         "steps": settings.steps,
+        "optimizer": settings.optimizer,
+        "restarts": settings.restarts,
         "kappa": settings.kappa,
         "delta": settings.delta,
         "torch_threads": torch.get_num_threads(),
@@ -223,7 +244,8 @@ def _detector_tag(detector: Detector) -> str:
 def _cache_name(attack: AdaptivePGD, n: int, k_attack: int, seed: int) -> str:
     return (
         f"adaptive-eps{attack.eps:g}-w{attack.weight:g}-{attack.schedule}-t{attack.steps}"
-        f"-a{attack.alpha:g}-kap{attack.kappa:g}-d{attack.delta:g}-n{n}-ka{k_attack}-s{seed}.npz"
+        f"-a{attack.alpha:g}-kap{attack.kappa:g}-d{attack.delta:g}-n{n}-ka{k_attack}-s{seed}"
+        f"{getattr(attack, 'cache_tag', '')}.npz"
     )
 
 
@@ -247,6 +269,8 @@ def _row(
         "attack": name,
         "weight": attack.weight,
         "schedule": attack.schedule,
+        "optimizer": "apgd" if isinstance(attack, AdaptiveAPGD) else "pgd",
+        "restarts": getattr(attack, "restarts", 1),
         "steps": attack.steps,
         "step_size": attack.alpha,
         "eligible": n,
@@ -287,6 +311,16 @@ def write_adaptive(result: dict[str, Any], out: Path | str) -> dict[str, Path]:
     return paths
 
 
+def _optimizer_text(result: dict[str, Any]) -> str:
+    if result.get("optimizer", "pgd") == "apgd":
+        restarts = result.get("restarts", 1)
+        return (
+            f"APGD (Croce & Hein 2020), {result['steps']} gradient queries per run × {restarts} "
+            f"run{'s' if restarts > 1 else ''} from random starts"
+        )
+    return f"{result['steps']} signed-gradient steps"
+
+
 def adaptive_table(result: dict[str, Any]) -> str:
     def f(v: Any, digits: int = 3) -> str:
         return "–" if v is None else f"{v:.{digits}f}"
@@ -294,7 +328,7 @@ def adaptive_table(result: dict[str, Any]) -> str:
     lines = [
         f"Model `{result['model']}`, first {result['images']} test images, "
         f"{result['eligible']} correctly classified (the denominators). Attack: "
-        f"{result['steps']} signed-gradient steps through the K = {result['k_attack']} MC "
+        f"{_optimizer_text(result)} through the K = {result['k_attack']} MC "
         f"predictive and the detector, fresh masks per step; verdicts on a fresh K = "
         f"{result['k_eval']} draw. Flag: {result['score']} > {result['threshold']:.4g} "
         f"(flags {result['clean_flagged']:.3f} of these clean digits).",

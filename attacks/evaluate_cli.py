@@ -81,6 +81,19 @@ def _register_adaptive_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=d.steps, help="PGD steps")
     p.add_argument("--kappa", type=float, default=d.kappa, help="margin κ (nats)")
     p.add_argument("--delta", type=float, default=d.delta, help="detector margin δ")
+    p.add_argument(
+        "--optimizer",
+        choices=("pgd", "apgd"),
+        default=d.optimizer,
+        help="pgd: fixed steps of ε/25; apgd: Auto-PGD's step schedule and momentum "
+        "(Croce & Hein 2020), the stronger optimiser",
+    )
+    p.add_argument(
+        "--restarts",
+        type=int,
+        default=d.restarts,
+        help="with --optimizer apgd: runs from new random starts on the digits not yet found",
+    )
     p.set_defaults(func=cmd_adaptive_eval)
 
 
@@ -162,6 +175,10 @@ def cmd_adaptive_eval(args: argparse.Namespace) -> int:
         write_adaptive,
     )
 
+    if args.restarts < 1 or (args.restarts > 1 and args.optimizer != "apgd"):
+        raise InvalidArgument(
+            f"--restarts {args.restarts}: must be ≥ 1, and more than 1 needs --optimizer apgd"
+        )
     loaded, detector, device = _load(args)
     settings = AdaptiveSettings(
         eps=tuple(args.eps),
@@ -176,6 +193,8 @@ def cmd_adaptive_eval(args: argparse.Namespace) -> int:
         seed=args.seed,
         batch_size=args.batch_size,
         cache_dir=args.cache_dir,
+        optimizer=args.optimizer,
+        restarts=args.restarts,
     )
     started = time.perf_counter()
     result = evaluate_adaptive(

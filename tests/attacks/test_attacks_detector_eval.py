@@ -13,7 +13,13 @@ from attacks_testnets import LinearNet
 
 from bayesgate.attacks import detect_eval
 from bayesgate.attacks.adaptive import AdaptivePGD
-from bayesgate.attacks.adaptive_eval import AdaptiveSettings, detector_score_fn, evaluate_adaptive
+from bayesgate.attacks.adaptive_apgd import AdaptiveAPGD
+from bayesgate.attacks.adaptive_eval import (
+    AdaptiveSettings,
+    adaptive_table,
+    detector_score_fn,
+    evaluate_adaptive,
+)
 from bayesgate.attacks.detector_fit import FitSettings, fit_detector
 from bayesgate.attacks.metrics import auroc
 from bayesgate.attacks.ood import ood_images
@@ -99,6 +105,62 @@ def test_adaptive_rejects_bad_settings() -> None:
         AdaptivePGD(eps=0.0)
 
 
+def test_adaptive_apgd_stays_in_ball_and_box_and_counts_queries_over_restarts() -> None:
+    net = LinearNet()
+    x = torch.rand(8, 1, 4, 4, generator=torch.Generator().manual_seed(0))
+    y = net(x).argmax(dim=1)
+    fn = _linear_score_fn(net, torch.full_like(x[:1], 0.5))
+    attack = AdaptiveAPGD(eps=0.1, steps=10, weight=5.0, restarts=3)
+    result = attack(fn, x, y, 1.0, generator=torch.Generator().manual_seed(2))
+    assert (result.x_adv - x).abs().max() <= 0.1 + 1e-6
+    assert result.x_adv.min() >= 0 and result.x_adv.max() <= 1
+    assert int(result.first_step.max()) < 3 * 10  # restart · steps + query
+    assert torch.equal(result.found, result.first_step >= 0)
+
+
+def test_adaptive_apgd_evades_at_least_as_often_as_pgd_on_a_linear_model() -> None:
+    """On the hand-made model where PGD's detector term already helps, APGD (same loss, same
+    query budget) misclassifies as often and evades at least as often; with restarts it can only
+    find more (a restart runs on the examples not yet found, from new starts)."""
+    net = LinearNet(in_shape=(1, 4, 4), classes=3, seed=1)
+    x = 0.3 + 0.4 * torch.rand(32, 1, 4, 4, generator=torch.Generator().manual_seed(0))
+    y = net(x).argmax(dim=1)
+    fn = _linear_score_fn(net, x.mean(dim=0, keepdim=True))
+    plain = AdaptivePGD(eps=0.4, steps=40, weight=0.0)(
+        fn, x, y, 0.0, generator=torch.Generator().manual_seed(1)
+    )
+    with torch.no_grad():
+        log_p, score_plain = fn(plain.x_adv)
+    mis_plain = log_p.argmax(1) != y
+    threshold = float(score_plain[mis_plain].median())
+
+    def evaded(attack: AdaptivePGD) -> tuple[int, int, torch.Tensor]:
+        result = attack(fn, x, y, threshold, generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            log_p, score = fn(result.x_adv)
+        mis = log_p.argmax(1) != y
+        # a deterministic model: the attack's own query is the truth
+        assert torch.equal(result.found, mis & (score <= threshold))
+        return int(mis.sum()), int((mis & (score <= threshold)).sum()), result.found
+
+    mis_pgd, ev_pgd, _ = evaded(AdaptivePGD(eps=0.4, steps=40, weight=1.0))
+    mis_apgd, ev_apgd, found1 = evaded(AdaptiveAPGD(eps=0.4, steps=40, weight=1.0))
+    _, ev_r3, found3 = evaded(AdaptiveAPGD(eps=0.4, steps=40, weight=1.0, restarts=3))
+    assert mis_apgd >= mis_pgd - 3 and ev_apgd >= ev_pgd, (mis_apgd, mis_pgd, ev_apgd, ev_pgd)
+    assert ev_r3 >= ev_apgd and bool((found3 | ~found1).all())  # restarts lose nothing found
+
+
+def test_adaptive_apgd_rejects_bad_settings() -> None:
+    with pytest.raises(ValueError, match="restarts"):
+        AdaptiveAPGD(restarts=0)
+    with pytest.raises(ValueError, match="step sizes"):
+        AdaptiveAPGD(step_size=0.01)
+    with pytest.raises(ValueError, match="restarts"):
+        AdaptiveSettings(restarts=2)  # restarts need the apgd optimizer
+    with pytest.raises(ValueError, match="optimizer"):
+        AdaptiveSettings(optimizer="adam")
+
+
 # --- against a real fitted detector --------------------------------------------------------------
 
 
@@ -152,6 +214,21 @@ def test_evaluate_adaptive_rows(detector_dir: Path, tmp_path: Path) -> None:
         assert row["evaded"] <= row["misclassified"] <= row["eligible"] == result["eligible"]
         assert row["max_linf"] <= 0.2 + 1e-6
         assert row["evaded_rate"] == pytest.approx(row["evaded"] / row["eligible"])
+
+
+def test_evaluate_adaptive_with_apgd_and_restarts(detector_dir: Path, tmp_path: Path) -> None:
+    settings = AdaptiveSettings(
+        eps=(0.2,), weights=(1.0,), steps=10, limit=40, k_attack=5, k=20, cache_dir=tmp_path,
+        optimizer="apgd", restarts=2,
+    )  # fmt: skip
+    result = evaluate_adaptive(load_model(detector_dir), load_detector(detector_dir), settings)
+    assert [r["attack"] for r in result["rows"]] == ["plain APGD", "adaptive APGD λ=1"]
+    assert {(r["optimizer"], r["restarts"]) for r in result["rows"]} == {("apgd", 2)}
+    assert all(r["max_linf"] <= 0.2 + 1e-6 for r in result["rows"])
+    assert sorted("-apgd-r2" in p.name for p in tmp_path.rglob("*.npz")) == [True] * 2
+    assert "APGD (Croce & Hein 2020), 10 gradient queries per run × 2 runs" in adaptive_table(
+        result
+    )
 
 
 # --- detect-eval ---------------------------------------------------------------------------------
@@ -258,3 +335,11 @@ def test_attack_k_defaults_to_the_cards(detector_dir: Path) -> None:
         loaded, load_detector(detector_dir), detect_eval.EvalSettings(), torch.device("cpu"), False
     )
     assert run.k_attack == loaded.card.inference.k_attack
+
+
+def test_adaptive_eval_restarts_need_apgd_one_line(
+    detector_dir: Path, tmp_path: Path, capsys
+) -> None:
+    argv = ["adaptive-eval", str(detector_dir), "--out", str(tmp_path), "--restarts", "3"]
+    assert main(argv) == 2
+    assert "--optimizer apgd" in capsys.readouterr().err
