@@ -184,7 +184,7 @@ def cmd_uci_table(args: argparse.Namespace) -> int:
                 entries.append(
                     {
                         **compare_with_paper(entry),
-                        "epochs": settings["epochs"],
+                        "epochs": epochs_text(settings),
                         "tau": "learned" if settings.get("learn_tau") else "grid",
                     }
                 )
@@ -194,6 +194,18 @@ def cmd_uci_table(args: argparse.Namespace) -> int:
     if args.csv:
         _write_results(args.csv, entries)
     return 0
+
+
+def epochs_text(settings: dict[str, Any]) -> str:
+    """The epochs of a run, with its optimiser when that is not the default one
+    (``400 (lr 0.001, batch 32)``), so two runs of the same length stay apart in the table."""
+    from bayesgate.models.uci.experiment import UCIConfig
+
+    default = UCIConfig()
+    lr, batch = settings.get("lr", default.lr), settings.get("batch_size", default.batch_size)
+    if (lr, batch) == (default.lr, default.batch_size):
+        return str(settings["epochs"])
+    return f"{settings['epochs']} (lr {lr:g}, batch {batch})"
 
 
 def format_table(entries: list[dict[str, Any]]) -> str:

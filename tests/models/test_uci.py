@@ -231,6 +231,16 @@ def test_mean_se_and_paper_comparison() -> None:
     assert within_2se(2.5, math.nan, 2.42) is None
 
 
+def test_table_names_a_runs_optimiser_when_it_is_not_the_default() -> None:
+    """Concrete's 400-epoch run with Gal's recipe (lr 10⁻³, batch 32) must not read like a
+    default-optimiser run of 400 epochs; default runs show their epochs alone."""
+    from bayesgate.models.uci.cli import epochs_text
+
+    assert epochs_text({"epochs": 1000, "lr": 1e-2, "batch_size": 128}) == "1000"
+    assert epochs_text({"epochs": 300}) == "300"  # older summaries: the defaults
+    assert epochs_text({"epochs": 400, "lr": 1e-3, "batch_size": 32}) == "400 (lr 0.001, batch 32)"
+
+
 def test_table_marks_better_than_the_paper_apart_from_worse() -> None:
     """Boston α = 0.5 in the paper: NLL 2.38 ± 0.06, RMSE 2.97 ± 0.19 (2-SE bands ±0.17/±0.54
     with our SE 0.06/0.19). Lower beyond the band is "better", higher is ✗."""
