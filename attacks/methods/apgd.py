@@ -110,7 +110,9 @@ class _APGDRun:
         self.checkpoints = apgd_checkpoints(n_iter)[1:]
         shape = (x.shape[0],) + (1,) * (x.dim() - 1)
         self.eta = torch.full(shape, 2.0 * eps, device=x.device)
-        u = torch.rand(x.shape, generator=generator, device=x.device) * 2 - 1
+        # drawn where the generator lives (a CPU generator may drive an attack on the GPU)
+        device = x.device if generator is None else generator.device
+        u = torch.rand(x.shape, generator=generator, device=device).to(x.device) * 2 - 1
         self.x_cur = project_linf(x + eps * u, x, eps)
 
     def query(self, x_adv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
