@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from bench_scripts import load_bench
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("ci", ROOT / "bench/detect_eval_ci.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("detect_eval_ci")
 
 
 def test_wilson_and_hanley_mcneil() -> None:

@@ -3,22 +3,14 @@ MC draws — the accumulation over draws, against hand-made verdicts."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
+from bench_scripts import load_bench
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("requery", ROOT / "bench/requery_attack.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("requery_attack")
 
 
 class _Detector:

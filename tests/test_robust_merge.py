@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench_scripts import load_bench
+
 SETTINGS = {"eps": [0.1, 0.3], "n": 10, "attacks": ["pgd"], "pgd_steps": 100, "restarts": 5,
             "apgd_steps": 100, "k_attack": 10, "k_eval": 100, "batch_size": 100,
             "seed": 0}  # fmt: skip
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("robust_merge", ROOT / "bench/robust_merge.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("robust_merge")
 
 
 def _run(name: str, worst: tuple[float, float], adaptive: dict | None) -> dict:
