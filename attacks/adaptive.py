@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -39,6 +40,13 @@ ScoreFn = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 SCHEDULES = ("misclassify-first", "joint")
 CLIP_MIN, CLIP_MAX = 0.0, 1.0
+
+
+def checked_images(x: torch.Tensor) -> torch.Tensor:
+    """``x`` detached; ``ValueError`` unless every value lies in [0, 1]."""
+    if x.min() < CLIP_MIN or x.max() > CLIP_MAX:
+        raise ValueError("images must lie in [0, 1]")
+    return x.detach()
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,8 @@ class AdaptivePGD:
     delta: float = 0.5
     schedule: str = "misclassify-first"
 
+    optimizer: ClassVar[str] = "pgd"  # what minimises the loss (reports, cache names)
+
     def __post_init__(self) -> None:
         if not 0.0 < self.eps <= 1.0:
             raise ValueError(f"adaptive eps must be in (0, 1], got {self.eps}")
@@ -83,6 +93,16 @@ class AdaptivePGD:
     def alpha(self) -> float:
         return self.step_size if self.step_size is not None else self.eps / 25
 
+    @property
+    def starts(self) -> int:
+        """Random starts per example (one; the APGD variant restarts)."""
+        return 1
+
+    @property
+    def cache_tag(self) -> str:
+        """What sets this attack apart in an image-cache name beyond the shared fields."""
+        return ""
+
     def __call__(
         self,
         score_fn: ScoreFn,
@@ -93,9 +113,7 @@ class AdaptivePGD:
         generator: torch.Generator | None = None,
     ) -> AdaptiveResult:
         """Attack ``x`` (B×…, in [0, 1]) away from labels ``y``; ``generator`` draws the start."""
-        if x.min() < CLIP_MIN or x.max() > CLIP_MAX:
-            raise ValueError("images must lie in [0, 1]")
-        x = x.detach()
+        x = checked_images(x)
         start = torch.rand(x.shape, generator=generator, device="cpu").to(x.device)
         x_t = self._project(x + (2 * start - 1) * self.eps, x)
         best = x_t.clone()

@@ -22,11 +22,19 @@ run. ``first_step`` counts queries over the restarts: ``restart · steps + query
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
-from bayesgate.attacks.adaptive import CLIP_MAX, CLIP_MIN, AdaptivePGD, AdaptiveResult, ScoreFn
-from bayesgate.attacks.methods.apgd import _APGDRun
+from bayesgate.attacks.adaptive import (
+    CLIP_MAX,
+    CLIP_MIN,
+    AdaptivePGD,
+    AdaptiveResult,
+    ScoreFn,
+    checked_images,
+)
+from bayesgate.attacks.methods.apgd import APGDRun
 from bayesgate.attacks.methods.square import margin
 
 
@@ -37,6 +45,8 @@ class AdaptiveAPGD(AdaptivePGD):
     ``restarts`` runs from independent random starts."""
 
     restarts: int = 1
+
+    optimizer: ClassVar[str] = "apgd"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -49,6 +59,10 @@ class AdaptiveAPGD(AdaptivePGD):
     def alpha(self) -> float:
         """The first step, 2ε (APGD halves it where the loss stalls)."""
         return 2.0 * self.eps
+
+    @property
+    def starts(self) -> int:
+        return self.restarts
 
     @property
     def cache_tag(self) -> str:
@@ -64,9 +78,7 @@ class AdaptiveAPGD(AdaptivePGD):
         generator: torch.Generator | None = None,
     ) -> AdaptiveResult:
         """Attack ``x`` (B×…, in [0, 1]) away from labels ``y``; ``generator`` draws the starts."""
-        if x.min() < CLIP_MIN or x.max() > CLIP_MAX:
-            raise ValueError("images must lie in [0, 1]")
-        x = x.detach()
+        x = checked_images(x)
         best = x.clone()
         first = torch.full((x.shape[0],), -1, dtype=torch.int64, device=x.device)
         for restart in range(self.restarts):
@@ -110,5 +122,5 @@ class AdaptiveAPGD(AdaptivePGD):
             m, score = out
             return -self._loss(m, score, threshold)  # APGD maximises
 
-        run = _APGDRun(query, gain, x[todo], y[todo], self.eps, self.steps, generator)
+        run = APGDRun(query, gain, x[todo], y[todo], self.eps, self.steps, generator)
         return run.run().clamp(CLIP_MIN, CLIP_MAX)

@@ -98,7 +98,9 @@ class AdaptiveSettings:
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}")
         if self.restarts < 1 or (self.restarts > 1 and self.optimizer != "apgd"):
-            raise ValueError("restarts must be ≥ 1, and more than 1 only with the apgd optimizer")
+            raise ValueError(
+                f"restarts {self.restarts}: must be ≥ 1, and more than 1 needs the apgd optimizer"
+            )
 
     def configs(self, eps: float) -> list[tuple[str, AdaptivePGD]]:
         """``(name, attack)``: plain PGD, the adaptive attack per weight, the joint schedule
@@ -170,6 +172,28 @@ def evaluate_adaptive(
     }
 
 
+def judge(
+    network: nn.Module,
+    detector: Detector,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    k: int,
+    seed: int,
+    device: torch.device | str = "cpu",
+) -> dict[str, np.ndarray]:
+    """The served verdict of one MC draw (``k`` passes, masks seeded ``seed``): ``correct``
+    (predictive-mean argmax = label), ``flagged`` (the detector's score > its threshold) and
+    ``score``."""
+    probs, features = collect_features(network, x, k, seed=seed, device=device)
+    score = scores_numpy(detector, probs, features)[detector.score]
+    pred = predictive_mean(probs).argmax(dim=1)
+    return {
+        "correct": (pred == y).numpy(),
+        "flagged": score > float(detector.threshold),
+        "score": score,
+    }
+
+
 class _AdaptiveRun(DetectorRun):
     """One ``adaptive-eval`` run; verdicts use masks independent of the attack's."""
 
@@ -179,17 +203,8 @@ class _AdaptiveRun(DetectorRun):
         self.eval_seed = self.settings.seed + 1_000_003
 
     def judge(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, np.ndarray]:
-        """Fresh MC verdicts: ``correct`` (prediction = label) and ``flagged`` (score > thr)."""
-        probs, features = collect_features(
-            self.network, x, self.k, seed=self.eval_seed, device=self.device
-        )
-        scores = scores_numpy(self.detector, probs, features)
-        pred = predictive_mean(probs).argmax(dim=1)
-        return {
-            "correct": (pred == y).numpy(),
-            "flagged": scores[self.score] > self.threshold,
-            "score": scores[self.score],
-        }
+        """Fresh MC verdicts (:func:`judge`) with masks seeded apart from the attack's."""
+        return judge(self.network, self.detector, x, y, self.k, self.eval_seed, self.device)
 
     def attack(
         self, attack: AdaptivePGD, x: torch.Tensor, y: torch.Tensor, name: str
@@ -245,7 +260,7 @@ def _cache_name(attack: AdaptivePGD, n: int, k_attack: int, seed: int) -> str:
     return (
         f"adaptive-eps{attack.eps:g}-w{attack.weight:g}-{attack.schedule}-t{attack.steps}"
         f"-a{attack.alpha:g}-kap{attack.kappa:g}-d{attack.delta:g}-n{n}-ka{k_attack}-s{seed}"
-        f"{getattr(attack, 'cache_tag', '')}.npz"
+        f"{attack.cache_tag}.npz"
     )
 
 
@@ -269,8 +284,8 @@ def _row(
         "attack": name,
         "weight": attack.weight,
         "schedule": attack.schedule,
-        "optimizer": "apgd" if isinstance(attack, AdaptiveAPGD) else "pgd",
-        "restarts": getattr(attack, "restarts", 1),
+        "optimizer": attack.optimizer,
+        "restarts": attack.starts,
         "steps": attack.steps,
         "step_size": attack.alpha,
         "eligible": n,

@@ -175,27 +175,27 @@ def cmd_adaptive_eval(args: argparse.Namespace) -> int:
         write_adaptive,
     )
 
-    if args.restarts < 1 or (args.restarts > 1 and args.optimizer != "apgd"):
-        raise InvalidArgument(
-            f"--restarts {args.restarts}: must be ≥ 1, and more than 1 needs --optimizer apgd"
+    try:  # the settings check themselves; their message becomes the one-line CLI error
+        settings = AdaptiveSettings(
+            eps=tuple(args.eps),
+            weights=tuple(args.weights),
+            joint_weights=tuple(args.joint_weights),
+            steps=args.steps,
+            kappa=args.kappa,
+            delta=args.delta,
+            limit=args.limit,
+            k_attack=args.k_attack,
+            k=args.k,
+            seed=args.seed,
+            batch_size=args.batch_size,
+            cache_dir=args.cache_dir,
+            optimizer=args.optimizer,
+            restarts=args.restarts,
         )
+    except ValueError as exc:
+        given = f"--optimizer {args.optimizer} --restarts {args.restarts}"
+        raise InvalidArgument(f"{given}: {exc}") from None
     loaded, detector, device = _load(args)
-    settings = AdaptiveSettings(
-        eps=tuple(args.eps),
-        weights=tuple(args.weights),
-        joint_weights=tuple(args.joint_weights),
-        steps=args.steps,
-        kappa=args.kappa,
-        delta=args.delta,
-        limit=args.limit,
-        k_attack=args.k_attack,
-        k=args.k,
-        seed=args.seed,
-        batch_size=args.batch_size,
-        cache_dir=args.cache_dir,
-        optimizer=args.optimizer,
-        restarts=args.restarts,
-    )
     started = time.perf_counter()
     result = evaluate_adaptive(
         loaded, detector, settings, device=device, progress=not args.no_progress

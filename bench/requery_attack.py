@@ -27,10 +27,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from bayesgate.attacks.adaptive_eval import judge
 from bayesgate.models.data.mnist import load_mnist
-from bayesgate.models.detection.detector import collect_features, scores_numpy
 from bayesgate.models.detection.store import load_detector
-from bayesgate.models.mc.uncertainty import predictive_mean
 from bayesgate.models.store.directory import load_model
 from bayesgate.service.settings import DEFAULT_MODEL_DIR
 
@@ -38,11 +37,10 @@ BASE_SEED = 2_000_003  # apart from the attack's (0, 7) and adaptive-eval's verd
 
 
 def verdicts(loaded: Any, detector: Any, x: torch.Tensor, y: torch.Tensor, seed: int, k: int):
-    """``(correct, flagged)`` boolean arrays of one MC draw seeded ``seed``."""
-    probs, features = collect_features(loaded.network, x, k, seed=seed)
-    score = scores_numpy(detector, probs, features)[detector.score]
-    correct = (predictive_mean(probs).argmax(dim=1) == y).numpy()
-    return correct, score > float(detector.threshold)
+    """``(correct, flagged)`` boolean arrays of one MC draw seeded ``seed`` (the verdict
+    ``adaptive-eval`` judges by, :func:`bayesgate.attacks.adaptive_eval.judge`)."""
+    verdict = judge(loaded.network, detector, x, y, k, seed)
+    return verdict["correct"], verdict["flagged"]
 
 
 def requery(

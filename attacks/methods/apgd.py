@@ -85,14 +85,14 @@ class APGD(Attack):
         return f"APGD-{self.loss.upper()}-{self.steps} ε={self.eps:g}"
 
     def perturb(self, batch: AttackInput) -> torch.Tensor:
-        run = _APGDRun(
+        run = APGDRun(
             batch.model_fn, LOSSES[self.loss], batch.x.detach(), batch.y, self.eps, self.steps,
             batch.generator,
         )  # fmt: skip
         return run.run()
 
 
-class _APGDRun:
+class APGDRun:
     """The state of one APGD run over a batch (per-example step sizes and checkpoints)."""
 
     def __init__(

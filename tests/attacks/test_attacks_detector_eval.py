@@ -342,4 +342,4 @@ def test_adaptive_eval_restarts_need_apgd_one_line(
 ) -> None:
     argv = ["adaptive-eval", str(detector_dir), "--out", str(tmp_path), "--restarts", "3"]
     assert main(argv) == 2
-    assert "--optimizer apgd" in capsys.readouterr().err
+    assert "more than 1 needs the apgd optimizer" in capsys.readouterr().err

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from bayesgate.service.errors import StartupError
 from bayesgate.service.settings import Settings
 
 pytestmark = pytest.mark.anyio
@@ -45,7 +46,7 @@ async def test_restored_when_start_up_fails(
     serving: Callable[[Settings], Any], make_settings: Callable[..., Settings], tmp_path: Path
 ) -> None:
     before = sys.getswitchinterval()
-    with pytest.raises(Exception):  # noqa: B017 - whatever the lifespan raises for a bad model
+    with pytest.raises(StartupError, match="missing"):
         async with serving(make_settings(model_dir=tmp_path / "missing")) as _:
             pass
     assert sys.getswitchinterval() == before
