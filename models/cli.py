@@ -146,7 +146,8 @@ def _run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--resume",
         action="store_true",
-        help="continue from the checkpoint (same settings; --epochs may grow with a constant lr)",
+        help="continue from the checkpoint (same settings; --epochs may grow with a constant "
+        "lr; with --keep-best, --patience may change: it only decides when to stop)",
     )
     p.add_argument(
         "--threads", type=int, default=None, help="CPU threads for torch (torch.set_num_threads)"

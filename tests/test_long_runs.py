@@ -97,7 +97,7 @@ def test_status_reads_the_history_and_start_skips_finished_runs(
     (row,) = long_runs.status_rows([run])
     assert row["done"] == "3/100" and row["val_acc"] == 0.975  # history wins where both say
     assert row["robust_acc"] == 0.25
-    assert row["best_ll_epoch"] == 2 and row["running"] is False
+    assert row["best_ll_epoch"] == 2 and row["state"] == "–"
     (run.checkpoint / "pid").write_text("1\n")  # pid 1 is not this training
     assert long_runs.pid_alive(run) is None
     done = [dict(rows[0], epoch=e) for e in range(1, 101)]
@@ -143,7 +143,7 @@ def test_a_running_uci_sweep_is_seen_as_running(private_user_cache: Path) -> Non
         (shorter.checkpoint).mkdir(parents=True)
         (shorter.checkpoint / "pid").write_text(f"{child.pid}\n")
         assert long_runs.pid_alive(shorter) is None
-        assert long_runs.status_rows([run])[0]["running"] is True
+        assert long_runs.status_rows([run])[0]["state"] == "running"
     finally:
         child.kill()
         child.wait()
@@ -205,3 +205,72 @@ def test_export_writes_the_best_epoch_without_touching_the_running_checkpoint(
     assert exported.keys() == reference.keys()
     assert all(exported[k].equal(reference[k]) for k in reference)
     assert long_runs.main(["export", "no-such-run", str(out)]) == 2
+
+
+def test_a_run_stopped_by_its_patience_is_converged_and_not_restarted(
+    private_user_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Early stopping ends a run before its ``--epochs`` cap: ``status`` calls it converged and
+    ``start`` does not resume it; a checkpoint that merely has fewer epochs is not finished."""
+    long_runs = load_long_runs()
+    run = long_runs.RUNS["mlp-3x1000-alpha1-long"]
+    run.checkpoint.mkdir(parents=True)
+    rows = [{"epoch": e, "val_accuracy": 0.98, "val_log_likelihood": -0.1 - e, "seconds": 1.0}
+            for e in (1, 2, 3)]  # fmt: skip
+    (run.checkpoint / "history.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    state = {"progress": {"epoch": 3, "stopped": False}}
+    (run.checkpoint / "checkpoint.json").write_text(json.dumps(state))
+    assert not long_runs.finished(run) and long_runs.status_rows([run])[0]["state"] == "–"
+    state["progress"]["stopped"] = True
+    (run.checkpoint / "checkpoint.json").write_text(json.dumps(state))
+    assert long_runs.finished(run)
+    assert long_runs.status_rows([run])[0]["state"] == "converged"
+    assert long_runs.main(["start", run.name]) == 0
+    assert "converged (3 epochs)" in capsys.readouterr().out
+    assert long_runs.pid_alive(run) is None
+
+
+def test_every_mnist_run_keeps_its_best_weights_and_stops_at_the_same_patience(
+    private_user_cache: Path,
+) -> None:
+    long_runs = load_long_runs()
+    seeds: dict[str, set[int]] = {}
+    for run in long_runs.RUNS.values():
+        if run.command != "train" or run is long_runs.ROBUST:
+            continue
+        args = build_parser().parse_args(run.argv("bayesgate")[1:])
+        assert args.keep_best and args.patience == int(long_runs.PATIENCE), run.name
+        seeds.setdefault(run.name.split("-seed")[0], set()).add(args.seed)
+    figure4 = {f"mlp-2x100-{tag}" for tag in ("alpha0", "alpha0.5", "alpha1", "det")}
+    figure5 = {f"cnn-{tag}-long" for tag in ("alpha0", "alpha0.5", "alpha1", "det")}
+    for name in figure4 | figure5:
+        assert seeds[name] == {0, 1, 2}, name
+
+
+def test_the_queue_runs_its_runs_one_after_another(
+    private_user_cache: Path, mnist_root: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """``drain`` (the queue's loop) with ``--jobs 1`` starts the second run only after the first
+    ended, leaves a finished run alone, and returns when all have ended."""
+    monkeypatch.setenv("BAYESGATE_DATA_DIR", str(mnist_root))
+    long_runs = load_long_runs()
+    flags = ("--preset", "mlp-2x32", "--alpha", "0.5", "--k-train", "2", "--k-val", "2",
+             "--epochs", "2", "--limit", "256", "--val-size", "500", "--no-progress")  # fmt: skip
+    runs = [long_runs.Run(f"tiny-queue-{i}", "train", flags, 17) for i in range(3)]
+    monkeypatch.setattr(long_runs, "RUNS", {run.name: run for run in runs})
+    done = runs[2]  # already finished: two epochs in its history
+    done.checkpoint.mkdir(parents=True)
+    rows = [{"epoch": e, "val_accuracy": 0.5, "val_log_likelihood": -1.0} for e in (1, 2)]
+    (done.checkpoint / "history.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    assert long_runs.main(["drain", "--jobs", "1", "--poll", "0.2", *long_runs.RUNS]) == 0
+    log = capsys.readouterr().out.splitlines()
+    events = [line.split(": ")[0].split()[-1] + ": " + line.split(": ")[1].split()[0]
+              for line in log if "tiny-queue" in line]  # fmt: skip
+    assert events == [
+        "tiny-queue-0: started", "tiny-queue-0: ended",
+        "tiny-queue-1: started", "tiny-queue-1: ended",
+    ]  # fmt: skip
+    assert all(long_runs.progress(run) == 2 for run in runs)
+    assert long_runs.main(["queue", "--jobs", "0", "tiny-queue-0"]) == 2

@@ -294,6 +294,8 @@ def _run_settings(trainer: _Trainer, checkpointing: ckpt.Checkpointing) -> dict:
         del settings["epochs"]
     if not trainer.config.keep_best:
         del settings["keep_best"]  # checkpoints written before the option existed still resume
+    else:
+        del settings["patience"]  # with the best weights kept, patience only decides when to stop
     return json.loads(json.dumps(settings))  # as read back from the checkpoint (lists, not tuples)
 
 
@@ -312,13 +314,20 @@ def _start_or_resume(trainer: _Trainer, checkpointing: ckpt.Checkpointing) -> _P
                 f"{saved['epochs']}); pass --resume to continue it, or remove the directory"
             )
         return _Progress()
-    ckpt.check_same_settings(saved["settings"], _run_settings(trainer, checkpointing), directory)
+    saved_settings = dict(saved["settings"])
+    if trainer.config.keep_best:
+        saved_settings.pop("patience", None)  # a keep-best run's stopping rule may change
+    ckpt.check_same_settings(saved_settings, _run_settings(trainer, checkpointing), directory)
     if saved["progress"]["epoch"] > trainer.config.epochs:
         raise ckpt.CheckpointError(
             f"the checkpoint in {directory} has {saved['progress']['epoch']} epochs done, more "
             f"than --epochs {trainer.config.epochs}"
         )
-    return _restore(trainer, tensors, saved)
+    progress = _restore(trainer, tensors, saved)
+    if trainer.config.keep_best:  # stop (or go on) by this run's patience, not the saved one's
+        patience = trainer.config.patience
+        progress.stopped = bool(patience) and progress.stale >= patience
+    return progress
 
 
 def _restore(trainer: _Trainer, tensors: dict[str, torch.Tensor], saved: dict) -> _Progress:

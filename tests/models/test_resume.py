@@ -133,6 +133,33 @@ def test_keep_best_survives_an_interruption(data: tuple[Data, Data], tmp_path: P
     assert len(result.history) == 4
 
 
+def test_patience_of_a_keep_best_run_may_change_on_resume(
+    data: tuple[Data, Data], tmp_path: Path
+) -> None:
+    """With the best weights kept, patience is only a stopping rule: a run trained without it and
+    resumed with ``patience=1`` stops where an uninterrupted ``patience=1`` run stops, with the
+    same best weights; resumed again with ``patience=0`` it goes on to ``epochs``."""
+    train_data, val_data = data
+    config = _config("adam", "constant", epochs=8, patience=1, keep_best=True, lr=0.1)
+    reference = _net()
+    expected = train(reference, train_data, val_data, config, progress=False)
+    stop = len(expected.history)
+    assert stop < 8 and expected.best_epoch == stop - 1  # early stopping fired, one stale epoch
+
+    spec = ckpt.Checkpointing(tmp_path / "run")
+    train(_net(), train_data, val_data, replace(config, patience=0, epochs=stop), progress=False,
+          checkpointing=spec)  # fmt: skip
+    resumed = _net()
+    result = train(resumed, train_data, val_data, config, progress=False,
+                   checkpointing=replace(spec, resume=True))  # fmt: skip
+    _assert_same_weights(reference, resumed)
+    assert (len(result.history), result.best_epoch) == (stop, expected.best_epoch)
+
+    longer = train(_net(), train_data, val_data, replace(config, patience=0), progress=False,
+                   checkpointing=replace(spec, resume=True))  # fmt: skip
+    assert len(longer.history) == 8
+
+
 def test_checkpoints_from_before_keep_best_still_resume(
     data: tuple[Data, Data], tmp_path: Path
 ) -> None:
