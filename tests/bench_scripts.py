@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -10,9 +11,11 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
 def load_bench(name: str) -> ModuleType:
-    """``bench/<name>.py`` executed as a fresh module called ``name``."""
+    """``bench/<name>.py`` executed as a fresh module called ``name`` (and registered under that
+    name in ``sys.modules``, as dataclasses need)."""
     spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
