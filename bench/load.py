@@ -94,6 +94,25 @@ def bayesgate_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "bayesgate.cli"]
 
 
+def _process_cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _process_tree(pid: int) -> list[int]:
+    """``pid`` and its live descendants (``/proc/<pid>/task/<tid>/children``)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").iterdir():
+            try:
+                todo.extend(int(c) for c in (task / "children").read_text().split())
+            except OSError:
+                continue
+    return out
+
+
 class Server:
     """``bayesgate serve [extra_args]`` in a subprocess, stopped with SIGINT on exit (killed after
     ``stop_timeout_s``). Its stderr goes to a temporary file (a pipe nobody reads could fill up
@@ -124,10 +143,11 @@ class Server:
         return self.errors.read()
 
     def cpu_seconds(self) -> float:
-        """User + system CPU time of the server process so far (Linux /proc; NaN elsewhere)."""
+        """User + system CPU time so far of the server process and the processes it started and
+        still runs (an engine process, ``BAYESGATE_ENGINE_PROCESS``; Linux /proc; NaN
+        elsewhere)."""
         try:
-            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            return sum(_process_cpu_seconds(pid) for pid in _process_tree(self.proc.pid))
         except (OSError, ValueError, IndexError):
             return float("nan")
 
@@ -357,6 +377,7 @@ def _row(
 ) -> dict[str, Any]:
     calls = after["engine_calls"] - before["engine_calls"]
     instances = after["instances"] - before["instances"]
+    compute = after["compute_seconds_total"] - before["compute_seconds_total"]
     done = len(latencies)
     return {
         "mode": name,
@@ -365,6 +386,10 @@ def _row(
         "mean_batch": instances / calls if calls else 0.0,
         "cpu_ms_per_request": 1000 * cpu / done if done else float("nan"),
         "cpu_share": cpu / wall,
+        # the worker's engine calls (engine + answer), wall time: per image, and the share of
+        # the run the worker spent in them (1 = it never waited for work)
+        "worker_ms_per_image": 1000 * compute / instances if instances else float("nan"),
+        "worker_busy": compute / wall,
     }
 
 
@@ -412,6 +437,8 @@ COLUMNS = [  # (title, key, format)
     ("outside", "cpu_ms_outside_model", ">9.2f"),
     ("loop", "cpu_ms_loop", ">7.2f"),
     ("CPU share", "cpu_share", ">10.2f"),
+    ("worker ms/img", "worker_ms_per_image", ">14.2f"),
+    ("worker busy", "worker_busy", ">12.2f"),
     ("client ms/req", "client_cpu_ms_per_request", ">14.2f"),
 ]
 
