@@ -274,3 +274,28 @@ def test_the_queue_runs_its_runs_one_after_another(
     ]  # fmt: skip
     assert all(long_runs.progress(run) == 2 for run in runs)
     assert long_runs.main(["queue", "--jobs", "0", "tiny-queue-0"]) == 2
+
+
+def test_a_live_queue_is_seen_refused_twice_and_ended_by_stop(
+    private_user_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``queue`` refuses to start a second scheduler while one is alive, and ``stop`` without
+    names ends it (before the runs, so it cannot start the next one)."""
+    long_runs = load_long_runs()
+    stand_in = [sys.executable, "-c", "import time; time.sleep(30)", "/x/long_runs.py", "drain"]
+    child = subprocess.Popen(stand_in)
+    try:
+        long_runs.QUEUE_PID.parent.mkdir(parents=True, exist_ok=True)
+        long_runs.QUEUE_PID.write_text(f"{child.pid}\n")
+        deadline = time.monotonic() + 10
+        while long_runs.queue_alive() != child.pid:  # until the stand-in has exec'd
+            assert time.monotonic() < deadline, "the stand-in queue never started"
+            time.sleep(0.01)
+        assert long_runs.main(["queue", "cnn-det-long"]) == 1
+        assert "already running" in capsys.readouterr().err
+        assert long_runs.main(["stop"]) == 0
+        assert child.wait(timeout=10) != 0 and long_runs.queue_alive() is None
+        assert f"queue: SIGTERM sent to {child.pid}" in capsys.readouterr().out
+    finally:
+        child.kill()
+        child.wait()
