@@ -38,7 +38,7 @@ import long_runs  # a sibling script, not a package
 
 ROOT = Path(__file__).resolve().parents[1]
 GROUPS = ("0", "0.5", "1", "det")  # the x positions: α values, then the deterministic baseline
-PREFIX = {4: "mlp-2x100-", 5: "cnn-"}
+PREFIX = {4: ("mlp-2x100-",), 5: ("cnn-alpha", "cnn-det")}  # not cnn-wide-robust (issue 21)
 TITLE = {4: "Figure 4: MLP 2×100 on MNIST", 5: "Figure 5: CNN on MNIST"}
 
 

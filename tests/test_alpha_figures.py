@@ -106,3 +106,14 @@ def test_plot_without_evaluations_says_what_to_run(tmp_path: Path, capsys) -> No
     figures = load_bench("alpha_figures")
     assert figures.main(["plot", "5", "--out", str(tmp_path)]) == 2
     assert "run `evaluate 5` first" in capsys.readouterr().err
+
+
+def test_each_figure_is_made_of_its_own_runs_only() -> None:
+    """Figure 5 is the Keras-example CNN at α ∈ {0, 0.5, 1} and its deterministic twin, three
+    seeds each — not the adversarially trained wide CNN; Figure 4 the 2×100 MLP likewise."""
+    figures = load_bench("alpha_figures")
+    for figure, preset in ((4, "mlp-2x100"), (5, "cnn")):
+        runs = figures.figure_runs(figure)
+        assert len(runs) == 12, [r.name for r in runs]
+        presets = {r.flags[r.flags.index("--preset") + 1] for r in runs}
+        assert presets == {preset, f"{preset}-det"}
