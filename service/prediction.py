@@ -62,58 +62,77 @@ def predictions(
 ) -> list[Prediction]:
     """One :class:`Prediction` per row of ``probs`` (``B×K×C``, any device), computed by
     ``model``; without the samples (the worker attaches them on request). ``features`` (from the
-    same K passes) are needed when the model has a fused detector."""
-    probs = probs.detach().float().cpu()
+    same K passes) are needed when the model has a fused detector.
+
+    Built per batch, not per image: every measure and score is one tensor over the batch
+    (:func:`~bayesgate.models.mc.uncertainty.summary`, :meth:`Detector.scores`), all of them are
+    stacked into one ``B×(scores + 2)`` float64 table read back with one ``tolist()``, and the
+    per-image work is only making the :class:`Prediction` from its row (plain Python). The
+    values are those of each measure's own function (``tests/service/test_service_answers.py``
+    checks them against a straightforward reference, bit for bit).
+    """
+    probs = _cpu_float(probs)
     classes, ref, decision = model.card.classes, model.ref, model.decision
-    mean = uncertainty.predictive_mean(probs)
-    measures = {name: fn(probs) for name, fn in uncertainty.SCORES.items()}
-    scores = _all_scores(model, probs, features, measures)
-    entropy, mutual, ratio = (measures[n].tolist() for n in UNCERTAINTY)
-    aleatoric, epistemic = (v.tolist() for v in uncertainty.kwon_uncertainty(probs))
-    per_row = _rows(scores)
-    labels, means = mean.argmax(dim=-1).tolist(), mean.tolist()
+    with torch.inference_mode():
+        measures = uncertainty.summary(probs)
+        mean = measures["mean"]
+        labels_t = mean.argmax(dim=-1)
+        scores = _all_scores(model, probs, features, measures, labels_t)
+        names = tuple(scores)
+        # float32 → float64 is exact: the same Python floats as each column's own tolist()
+        table = torch.stack(
+            [*scores.values(), measures[ALEATORIC], measures[EPISTEMIC]], dim=1
+        ).double()
+        rows, labels, means = table.tolist(), labels_t.tolist(), mean.tolist()
+    position = {name: i for i, name in enumerate(names)}
+    entropy, mutual, ratio = (position[n] for n in UNCERTAINTY)
+    chosen, threshold = position[decision.score], decision.threshold
+    n_classes = len(classes)
     return [
         Prediction(
             label=label,
-            class_name=classes[label] if label < len(classes) else str(label),
+            class_name=classes[label] if label < n_classes else str(label),
             probabilities=means[b],
-            predictive_entropy=entropy[b],
-            mutual_information=mutual[b],
-            variation_ratio=ratio[b],
-            aleatoric_variance=aleatoric[b],
-            epistemic_variance=epistemic[b],
+            predictive_entropy=row[entropy],
+            mutual_information=row[mutual],
+            variation_ratio=row[ratio],
+            aleatoric_variance=row[-2],
+            epistemic_variance=row[-1],
             score_name=decision.score,
-            score=per_row[b][decision.score],
-            threshold=decision.threshold,
-            adversarial=per_row[b][decision.score] > decision.threshold,
-            scores=per_row[b],
+            score=row[chosen],
+            threshold=threshold,
+            adversarial=row[chosen] > threshold,
+            scores=dict(zip(names, row, strict=False)),  # the row's last two are not scores
             model=ref,
         )
-        for b, label in enumerate(labels)
+        for b, (label, row) in enumerate(zip(labels, rows, strict=True))
     ]
 
 
 UNCERTAINTY = ("predictive_entropy", "mutual_information", "variation_ratio")
+ALEATORIC, EPISTEMIC = "aleatoric_variance", "epistemic_variance"
+
+
+def _cpu_float(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a float32 CPU tensor without autograd history (itself when it is one already)."""
+    if t.dtype != torch.float32 or t.device.type != "cpu":
+        t = t.float().cpu()
+    return t.detach() if t.requires_grad else t
 
 
 def _all_scores(
     model: ServedModel,
     probs: torch.Tensor,
     features: Mapping[str, torch.Tensor] | None,
-    measures: dict[str, torch.Tensor],
+    measures: Mapping[str, torch.Tensor],
+    predicted: torch.Tensor,
 ) -> dict[str, torch.Tensor]:
-    """The uncertainty scores, and with a detector every density score and the fused one."""
+    """The uncertainty scores, and with a detector every density score and the fused one
+    (``predicted``: the predicted classes, ``argmax p̄``)."""
+    uncertain = {name: measures[name] for name in UNCERTAINTY}
     if model.detector is None:
-        return measures
+        return uncertain
     if features is None:
         raise RuntimeError("the served model has a detector but the engine gave no features")
-    cpu = {name: f.detach().float().cpu() for name, f in features.items()}
-    with torch.inference_mode():
-        return model.detector.scores(probs, cpu, measures)
-
-
-def _rows(scores: dict[str, torch.Tensor]) -> list[dict[str, float]]:
-    """``{name: B values}`` → one ``{name: value}`` per instance (plain floats)."""
-    names = list(scores)
-    columns = torch.stack([scores[n].double() for n in names], dim=1).tolist()
-    return [dict(zip(names, row, strict=True)) for row in columns]
+    cpu = {name: _cpu_float(features[name]) for name in model.detector.layers if name in features}
+    return model.detector.scores(probs, cpu, uncertain, predicted=predicted)

@@ -92,6 +92,12 @@ class Detector:
         return tuple(names)
 
     @property
+    def layers(self) -> tuple[str, ...]:
+        """The feature layers :meth:`scores` reads."""
+        kde = (self.kde_layer,) if self.kde is not None else ()
+        return tuple(dict.fromkeys((*self.gaussians, *kde)))
+
+    @property
     def score(self) -> str:
         """The score that flags inputs: ``fused`` when fitted, predictive entropy otherwise."""
         return (
@@ -109,16 +115,19 @@ class Detector:
         uncertainty: Mapping[str, torch.Tensor] | None = None,
         *,
         smooth: bool = False,
+        predicted: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
         """Every score of :attr:`score_names` (``B`` each) from ``B×K×C`` probs and features.
 
         ``uncertainty``: the MC uncertainty scores when the caller has them already (the service
-        does), else they are computed from ``probs``. ``smooth``: ``fused`` is the
+        does), else they are computed from ``probs``; ``predicted``, likewise, the predicted
+        classes ``argmax_c p̄_c`` (int64 ``B``). ``smooth``: ``fused`` is the
         min-p-value rule's differentiable surrogate (for attacks), not the exact score.
         """
         out = dict(uncertainty) if uncertainty is not None else {}
         out.update({name: fn(probs) for name, fn in SCORES.items() if name not in out})
-        predicted = predictive_mean(probs).argmax(dim=-1)
+        if predicted is None:
+            predicted = predictive_mean(probs).argmax(dim=-1)
         for layer, gaussians in self.gaussians.items():
             closest, to_predicted = gaussians.scores(_layer(features, layer), predicted)
             out.update(zip(mahalanobis_names(layer), (closest, to_predicted), strict=True))

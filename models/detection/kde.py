@@ -60,19 +60,37 @@ class ClassKDE:
 
         One matrix product per class present, ``‖f − s‖² = ‖f‖² + ‖s‖² − 2 f·s`` (clamped at 0
         against round-off). Differentiable in ``f``; float64 when ``f`` is.
+
+        The rows are grouped by class with one stable sort (the rows of a class keep their order,
+        so each class's product sees the same rows as a per-class selection would, and gives the
+        same bits); only the class's ``logsumexp`` is computed per group, the rest once for all
+        rows (16 rows in 8 classes: 39 torch calls instead of 107).
         """
         if f.shape[0] == 1:  # the common single-image request: no grouping
             return self._class_log_density(f, int(classes.item()))
-        out = f.new_zeros(f.shape[0])
-        for c in classes.unique().tolist():
-            rows = (classes == c).nonzero().squeeze(1)
-            out = out.index_put((rows,), self._class_log_density(f[rows], c))
-        return out
+        if f.shape[0] == 0:
+            return f.new_zeros(0)
+        order = torch.argsort(classes, stable=True)
+        counts = torch.bincount(classes, minlength=self.n_classes).tolist()
+        grouped = f[order]
+        present = [(c, n) for c, n in enumerate(counts) if n]
+        inner, log_n = [], []
+        for (c, n), rows in zip(present, grouped.split([n for _, n in present]), strict=True):
+            weights, offsets, log_n_c = self._class_terms(c, f.dtype)
+            inner.append(torch.logsumexp(rows @ weights - offsets, dim=1))
+            log_n += [log_n_c] * n
+        values = (
+            torch.cat(inner)
+            - (grouped * grouped).sum(1) / self.bandwidth**2
+            - torch.tensor(log_n, dtype=f.dtype, device=f.device)
+        )
+        return torch.empty_like(values).index_copy_(0, order, values)  # back to the rows' order
 
     def _class_log_density(self, f: torch.Tensor, c: int) -> torch.Tensor:
         """``logsumexp_i(−‖f_b − s_i‖²/σ²) − log n_c`` over the samples ``s_i`` of class ``c``,
         as ``logsumexp_i(f_b·(2s_i/σ²) − ‖s_i‖²/σ²) − ‖f_b‖²/σ² − log n_c`` (``‖f_b‖²`` is the
-        same for every ``i``; the scaled samples and norms are precomputed per class)."""
+        same for every ``i``; the scaled samples and norms are precomputed per class).
+        :meth:`log_density` computes the same expression for several classes at once."""
         weights, offsets, log_n = self._class_terms(c, f.dtype)
         inner = torch.logsumexp(f @ weights - offsets, dim=1)
         return inner - (f * f).sum(1) / self.bandwidth**2 - log_n

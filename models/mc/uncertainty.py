@@ -41,9 +41,11 @@ def mutual_information(probs: torch.Tensor) -> torch.Tensor:
 def variation_ratio(probs: torch.Tensor) -> torch.Tensor:
     """``1 − f_mode/K``, ``f_mode`` = number of passes voting for the most common argmax."""
     _check(probs)
-    _, k, c = probs.shape
-    votes = torch.nn.functional.one_hot(probs.argmax(dim=-1), c).sum(dim=1)
-    return 1.0 - votes.max(dim=-1).values.to(probs.dtype) / k
+    b, k, c = probs.shape
+    votes = probs.argmax(dim=-1)  # B×K passes' classes → B×C vote counts (exact integers)
+    counts = torch.zeros(b, c, dtype=torch.int64, device=probs.device)
+    counts.scatter_add_(1, votes, torch.ones_like(votes))
+    return 1.0 - counts.amax(dim=-1).to(probs.dtype) / k
 
 
 def kwon_variance(probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,6 +69,30 @@ def kwon_uncertainty(probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """
     aleatoric, epistemic = kwon_variance(probs)
     return aleatoric.sum(dim=-1), epistemic.sum(dim=-1)
+
+
+def summary(probs: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Every per-example measure the service reports, each computed once: ``mean`` (``p̄``,
+    ``B×C``), the :data:`SCORES` by name, and ``aleatoric_variance``, ``epistemic_variance`` (the
+    two of :func:`kwon_uncertainty`), ``B`` each.
+
+    Each equals its function above bit for bit: the same torch ops on the same tensors, only
+    ``p̄`` is computed once instead of four times and ``H[p̄]`` once instead of twice.
+    """
+    _check(probs)
+    mean = probs.mean(dim=1)
+    entropy = torch.special.entr(mean).sum(dim=-1)
+    expected = torch.special.entr(probs).sum(dim=-1).mean(dim=1)
+    aleatoric = (mean - probs.pow(2).mean(dim=1)).sum(dim=-1)
+    epistemic = (probs - mean.unsqueeze(1)).pow(2).mean(dim=1).sum(dim=-1)
+    return {
+        "mean": mean,
+        "predictive_entropy": entropy,
+        "mutual_information": (entropy - expected).clamp_min(0.0),
+        "variation_ratio": variation_ratio(probs),
+        "aleatoric_variance": aleatoric,
+        "epistemic_variance": epistemic,
+    }
 
 
 def mc_log_likelihood(log_probs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
