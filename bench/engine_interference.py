@@ -12,7 +12,9 @@ answers are built from a fresh engine call's output each time, as in the worker,
 are timed (the engine call ran just before, untimed). The co-runner imitates the event loop: it
 runs pure Python (JSON encode/decode and dict building, roughly what a request costs on the loop)
 for ``--burst-us`` µs, then sleeps for as long again × ``(1 − duty) / duty`` — busy a fraction
-``--duty`` of the time. The thread co-runner runs with CPython's switch interval at
+``--duty`` of the time. ``--inputs mnist`` uses MNIST test images (as ``bench/load.py``) instead
+of uniform noise: the served model puts them in more classes, and the answers' kernel density
+works class by class. The thread co-runner runs with CPython's switch interval at
 ``--switch-interval-us`` (the server's default, 100 µs).
 
 For each condition, per image: wall ms (1 / throughput of the engine loop) and the engine
@@ -139,6 +141,13 @@ def main(argv: list[str] | None = None) -> int:
         help="what is timed: the engine call, building the answer from its output (the same "
         "output each time), or building the answer right after each engine call (untimed)",
     )
+    p.add_argument(
+        "--inputs",
+        choices=("noise", "mnist"),
+        default="noise",
+        help="uniform noise (the model puts it in few classes) or MNIST test images, which "
+        "bench/load.py sends (more classes: more kernel-density groups in the answers)",
+    )
     p.add_argument("--seconds", type=float, default=3.0, help="per measurement (≤ 30)")
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds (≤ 10)")
     p.add_argument("--duty", type=float, default=0.45, help="co-runner's busy fraction (0, 1]")
@@ -152,6 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     served = load_served_model(args.model_dir, "cpu")
     features = served.detector is not None
     x = torch.rand(args.batch, *served.input_shape, generator=torch.Generator().manual_seed(0))
+    if args.inputs == "mnist":
+        from bayesgate.models.data.mnist import load_mnist
+
+        x = load_mnist("test", download=False, limit=args.batch)[0]
 
     def engine() -> object:
         with checkpoints(served.network, lambda: None):
@@ -177,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     ]
 
     print(
-        f"{served.name}, {args.step}, B={args.batch}, K={args.k}, features: {features}; "
+        f"{served.name}, {args.step}, B={args.batch}, K={args.k}, {args.inputs}, "
+        f"features: {features}, predictions from {sys.modules[predictions.__module__].__file__}; "
         f"co-runner duty "
         f"{args.duty:g}, bursts {args.burst_us:g} µs; load average {os.getloadavg()[0]:.1f}",
         flush=True,
@@ -207,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             json.dumps(
                 {
                     "model": served.name,
+                    "predictions_module": sys.modules[predictions.__module__].__file__,
                     "args": {k: str(v) for k, v in vars(args).items()},
                     "load_average_end": os.getloadavg()[0],
                     "runs": runs,
