@@ -193,17 +193,21 @@ def test_summary_equals_each_measure() -> None:
             assert torch.equal(got["variation_ratio"], reference_variation_ratio(probs))
 
 
-def test_kde_grouped_equals_class_by_class_and_keeps_gradients() -> None:
-    """Unequal class sizes, classes absent, float64 with a gradient, no rows."""
+@pytest.mark.parametrize("equal_sizes", [True, False])
+def test_kde_grouped_equals_class_by_class_and_keeps_gradients(equal_sizes: bool) -> None:
+    """Classes of equal and unequal sizes (one logsumexp, or one per class), classes absent,
+    float32 and float64 with a gradient, one row, no rows."""
     g = torch.Generator().manual_seed(1)
-    kde = ClassKDE(torch.randn(12, 5, generator=g), torch.tensor([0, 3, 4, 9, 12]), 1.7)
-    classes = torch.tensor([3, 0, 3, 2, 0, 0, 3])
-    for dtype in (torch.float32, torch.float64):
-        f = torch.randn(7, 5, generator=g, dtype=dtype, requires_grad=True)
-        got = kde.log_density(f, classes)
-        want = reference_log_density(kde, f, classes)
-        assert torch.equal(got, want)
-        (grad,) = torch.autograd.grad(got.sum(), f)
-        (want_grad,) = torch.autograd.grad(want.sum(), f)
-        torch.testing.assert_close(grad, want_grad, rtol=0, atol=1e-12)
+    bounds = [0, 4, 8, 12, 16] if equal_sizes else [0, 3, 4, 9, 16]
+    kde = ClassKDE(torch.randn(16, 5, generator=g), torch.tensor(bounds), 1.7)
+    for classes in ([3, 0, 3, 2, 0, 0, 3], [1, 1, 1], [2], list(range(4)) * 9):
+        labels = torch.tensor(classes)
+        for dtype in (torch.float32, torch.float64):
+            f = torch.randn(len(classes), 5, generator=g, dtype=dtype, requires_grad=True)
+            got = kde.log_density(f, labels)
+            want = reference_log_density(kde, f, labels)
+            assert got.dtype == dtype and torch.equal(got, want)
+            (grad,) = torch.autograd.grad(got.sum(), f)
+            (want_grad,) = torch.autograd.grad(want.sum(), f)
+            torch.testing.assert_close(grad, want_grad, rtol=0, atol=1e-12)
     assert kde.log_density(torch.zeros(0, 5), torch.zeros(0, dtype=torch.int64)).shape == (0,)
