@@ -67,13 +67,12 @@ class Summary:
 
 
 def mean_se(values: list[float]) -> tuple[float, float | None]:
-    """Mean and standard error ``s/√n`` (sample s.d., n − 1); no s.e. for a single value."""
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, None
-    var = sum((v - mean) ** 2 for v in values) / (n - 1)
-    return mean, math.sqrt(var / n)
+    """Mean and standard error ``s/√n`` (sample s.d., n − 1) by the UCI tables' own
+    :func:`~bayesgate.models.uci.experiment.mean_and_se`; ``None`` instead of NaN for one value."""
+    from bayesgate.models.uci.experiment import mean_and_se
+
+    mean, se = mean_and_se(values)
+    return mean, None if math.isnan(se) else se
 
 
 def summarise(results: list[dict]) -> list[Summary]:
