@@ -49,6 +49,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--shrinkage", type=float, default=None, help="fixed covariance shrinkage (Ledoit–Wolf)"
     )
+    p.add_argument(
+        "--trunk-grid",
+        action="store_true",
+        help="also fit Gaussians of the conv maps pooled to 2×2 cells (trunk_2x2; CNNs): a third "
+        "p-value of the min-p rule",
+    )
     p.add_argument("--l2", type=float, default=d.l2, help="L2 penalty of the logistic fusion")
     p.add_argument(
         "--rule",
@@ -88,6 +94,7 @@ def cmd_fit_detector(args: argparse.Namespace) -> int:
         kde_per_class=args.kde_per_class,
         kde_dtype=args.kde_dtype,
         shrinkage=args.shrinkage,
+        trunk_grid=args.trunk_grid,
         l2=args.l2,
         rule=args.rule,
         target_fpr=args.target_fpr,

@@ -5,7 +5,9 @@ Data (never the test split):
 1. **training split** (``train_subset`` images): features from :func:`collect_features` (K MC
    passes) → class Gaussians per network layer (not the ``input`` pixels: a pixel-space distance
    lowered the unseen CW and rotated-digit rates, docs/detector.md) and the KDE samples, with the
-   true labels;
+   true labels; with ``trunk_grid`` also class Gaussians of the conv maps pooled to 2×2 cells
+   (``trunk_2x2``), whose closest-class distance is a third p-value of the min-p rule (not an
+   input of the logistic fusion: :func:`min_p_scores`);
 2. **validation split**, shuffled once by ``seed`` and cut into two disjoint parts:
    - *fit* part (``fit_images``): the KDE bandwidth (held-out log-likelihood, true labels); the
      clean side (label 0) of the fusion; the first ``attack_images`` of it are attacked with every
@@ -49,7 +51,7 @@ from bayesgate.models.detection.detector import (
 )
 from bayesgate.models.detection.fit import fit_gaussians, fit_kde, fused_score_names, transform_for
 from bayesgate.models.detection.fusion import fit_fusion
-from bayesgate.models.mc.engine import INPUT_LAYER
+from bayesgate.models.mc.engine import INPUT_LAYER, TRUNK_GRID_LAYER
 from bayesgate.models.store.directory import LoadedModel
 
 
@@ -67,6 +69,7 @@ class FitSettings:
     kde_per_class: int = 500
     kde_dtype: str = "float32"
     shrinkage: float | None = None
+    trunk_grid: bool = False
     l2: float = 1e-3
     rule: str = "min-p"
     target_fpr: float = 0.05
@@ -105,6 +108,9 @@ def fit_detector(
 
     settings = settings or FitSettings()
     settings.check()
+    layers = getattr(loaded.network, "feature_layers", ())
+    if settings.trunk_grid and TRUNK_GRID_LAYER not in layers:
+        raise InvalidArgument(f"trunk-grid: the network has no {TRUNK_GRID_LAYER} features (CNNs)")
     run = _FitRun(loaded, settings, torch.device(device), progress)
     card = loaded.card
     val_size = card.training.val_size
@@ -119,7 +125,9 @@ def fit_detector(
     run.log(f"training split: features with K={run.k}")
     x_train, y_train = load_mnist("train", val_size=val_size, limit=settings.train_subset)
     _, train_feats = run.collect(x_train, "train features")
-    gaussians = fit_gaussians(train_feats, y_train, n_classes, settings.shrinkage)
+    gaussians = fit_gaussians(
+        train_feats, y_train, n_classes, settings.shrinkage, include_grid=settings.trunk_grid
+    )
 
     x_val, y_val = load_mnist("val", val_size=val_size)
     order = torch.randperm(x_val.shape[0], generator=torch.Generator().manual_seed(settings.seed))
@@ -194,11 +202,21 @@ INPUT_SCORE = mahalanobis_names(INPUT_LAYER)[0]
 """The pixel-space Mahalanobis distance (closest class): a third p-value of the min-p rule when a
 detector has ``input`` Gaussians (only ``bench/detector_input_layer.py`` adds them: the
 experiment of docs/detector.md, which this rule lost)."""
+GRID_SCORE = mahalanobis_names(TRUNK_GRID_LAYER)[0]
+"""The Mahalanobis distance of the conv maps pooled to 2×2 cells (closest class): a p-value of the
+min-p rule when a detector has ``trunk_2x2`` Gaussians (``fit-detector --trunk-grid``,
+``bench/detector_rule.py --grid-layer``)."""
 
 
 def min_p_scores(detector: Detector) -> tuple[str, ...]:
-    """:data:`MIN_P_SCORES`, plus :data:`INPUT_SCORE` when the detector has input Gaussians."""
-    return MIN_P_SCORES + ((INPUT_SCORE,) if INPUT_LAYER in detector.gaussians else ())
+    """:data:`MIN_P_SCORES`, plus :data:`GRID_SCORE` / :data:`INPUT_SCORE` when the detector has
+    ``trunk_2x2`` / ``input`` Gaussians."""
+    extra = [
+        name
+        for layer, name in ((TRUNK_GRID_LAYER, GRID_SCORE), (INPUT_LAYER, INPUT_SCORE))
+        if layer in detector.gaussians
+    ]
+    return MIN_P_SCORES + tuple(extra)
 
 
 def scores_numpy_fused(detector: Detector, scores: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

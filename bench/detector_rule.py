@@ -1,8 +1,9 @@
-"""Re-set a fitted detector's min-p rule (its score names), optionally adding pixel-space Gaussians.
+"""Re-set a fitted detector's min-p rule (its score names), optionally adding opt-in Gaussians.
 
 Usage:
   python bench/detector_rule.py --names fused_logistic mutual_information neg_log_kde   # in place
   python bench/detector_rule.py --input-layer --out DIR     # the pixel-space experiment, a copy
+  python bench/detector_rule.py --grid-layer --out DIR      # conv maps pooled to 2×2, a copy
 
 Nothing already fitted is re-fitted (the logistic fusion, the trunk and penultimate Gaussians and
 the KDE stay as they are). Steps:
@@ -10,7 +11,9 @@ the KDE stay as they are). Steps:
 1. with ``--input-layer``: class means and the Ledoit–Wolf-shrunk tied covariance of the flattened
    training images (all of the training split, true labels; :func:`fit_class_gaussians`, as every
    layer), and ``--names`` defaults to :func:`bayesgate.attacks.detector_fit.min_p_scores` (logit,
-   entropy, pixel-space distance);
+   entropy, pixel-space distance); with ``--grid-layer`` likewise for the trunk's conv maps
+   averaged over 2×2 cells (``trunk_2x2``, the engine's features of the training images; K = 1:
+   the trunk is deterministic), and the default names are logit, entropy, ``trunk_2x2`` distance;
 2. the two validation parts cut as ``fit-detector`` cut them (seed 0): every score of the 5 000
    fit-part and 5 000 threshold-part images (K = the detector's, masks seeded 0). The stored logit
    threshold must come out again (checked, up to float rounding), so these are the parts the
@@ -41,7 +44,7 @@ from bayesgate.models.detection import FUSED, FUSED_LOGISTIC, load_detector
 from bayesgate.models.detection.conformal import fit_conformal
 from bayesgate.models.detection.detector import Detector, collect_features, scores_numpy
 from bayesgate.models.detection.mahalanobis import fit_class_gaussians
-from bayesgate.models.mc.engine import INPUT_LAYER
+from bayesgate.models.mc.engine import INPUT_LAYER, TRUNK_GRID_LAYER
 from bayesgate.models.store.directory import load_model
 
 MODEL = Path(__file__).resolve().parents[1] / "models/pretrained/bayesgate-cnn"
@@ -65,14 +68,23 @@ def validation_scores(loaded, detector: Detector, seed: int = 0) -> dict[str, di
     return out
 
 
-def add_input_layer(loaded, detector: Detector) -> None:
-    """``input`` Gaussians of the training images (Ledoit–Wolf), in place."""
+def add_layer(loaded, detector: Detector, layer: str) -> None:
+    """Gaussians of ``layer`` (``input`` or ``trunk_2x2``) on the training split (Ledoit–Wolf,
+    true labels), in place."""
+    if layer in detector.gaussians:
+        raise SystemExit(f"the detector already has the {layer} layer")
     x, y = load_mnist("train", val_size=loaded.card.training.val_size)
     started = time.perf_counter()
-    gaussians = fit_class_gaussians(x.flatten(1), y, len(loaded.card.classes))
-    print(f"input Gaussians: δ = {gaussians.shrinkage:.4g} ({time.perf_counter() - started:.0f} s)")
-    detector.gaussians = {**detector.gaussians, INPUT_LAYER: gaussians}
-    shrinkage = {**detector.fit.get("shrinkage", {}), INPUT_LAYER: gaussians.shrinkage}
+    if layer == INPUT_LAYER:
+        features = x.flatten(1)
+    else:
+        features = collect_features(loaded.network, x, 1, progress=True, desc="train")[1][layer]
+    gaussians = fit_class_gaussians(features, y, len(loaded.card.classes))
+    seconds = time.perf_counter() - started
+    dim, delta = features.shape[1], gaussians.shrinkage
+    print(f"{layer} Gaussians: D = {dim}, δ = {delta:.4g} ({seconds:.0f} s)")
+    detector.gaussians = {**detector.gaussians, layer: gaussians}
+    shrinkage = {**detector.fit.get("shrinkage", {}), layer: gaussians.shrinkage}
     detector.fit = {**detector.fit, "shrinkage": shrinkage}
 
 
@@ -104,6 +116,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="change a copy made here")
     parser.add_argument("--names", nargs="+", default=None, help="scores of the min-p rule")
     parser.add_argument("--input-layer", action="store_true", help="add pixel-space Gaussians")
+    parser.add_argument("--grid-layer", action="store_true", help="add trunk_2x2 Gaussians")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -114,10 +127,9 @@ def main() -> None:
         directory = Path(shutil.copytree(args.model, args.out))
     loaded = load_model(directory)
     detector = load_detector(directory, loaded.card.weights_sha256)
-    if args.input_layer:
-        if INPUT_LAYER in detector.gaussians:
-            raise SystemExit(f"{directory}: the detector already has the input layer")
-        add_input_layer(loaded, detector)
+    for layer, wanted in ((TRUNK_GRID_LAYER, args.grid_layer), (INPUT_LAYER, args.input_layer)):
+        if wanted:
+            add_layer(loaded, detector, layer)
     names = tuple(args.names) if args.names else min_p_scores(detector)
     set_rule(loaded, detector, names, "set by bench/detector_rule.py")
     print(json.dumps(store_detector(detector, directory), indent=2, ensure_ascii=False))

@@ -1,7 +1,8 @@
 """Fitting the density statistics of a :class:`~.detector.Detector` from features.
 
-1. Mahalanobis (every feature layer): class means + Ledoit–Wolf-shrunk tied covariance on the
-   training split's features with their true labels (:func:`.mahalanobis.fit_class_gaussians`).
+1. Mahalanobis (every feature layer; the ``input`` pixels and the spatially pooled ``trunk_2x2``
+   maps only when asked): class means + Ledoit–Wolf-shrunk tied covariance on the training
+   split's features with their true labels (:func:`.mahalanobis.fit_class_gaussians`).
 2. KDE (``kde_layer``): a per-class random subsample of ≤ ``kde_per_class`` training features
    (stored as ``kde_dtype``), the bandwidth σ maximising the held-out log-likelihood of validation
    features with their true labels (:func:`.kde.choose_bandwidth`).
@@ -20,9 +21,12 @@ import torch
 from bayesgate.models.detection.detector import KDE_SCORE, UNCERTAINTY_SCORES, mahalanobis_names
 from bayesgate.models.detection.kde import ClassKDE, choose_bandwidth, subsample_per_class
 from bayesgate.models.detection.mahalanobis import ClassGaussians, fit_class_gaussians
-from bayesgate.models.mc.engine import INPUT_LAYER
+from bayesgate.models.mc.engine import INPUT_LAYER, TRUNK_GRID_LAYER
 
 KDE_DTYPES = {"float32": torch.float32, "float16": torch.float16}
+OPT_IN_LAYERS = (INPUT_LAYER, TRUNK_GRID_LAYER)
+"""Layers fitted only when asked; their distances enter the min-p rule as their own p-values
+(``bayesgate.attacks.detector_fit.min_p_scores``), never the logistic fusion."""
 
 
 def fit_gaussians(
@@ -32,14 +36,19 @@ def fit_gaussians(
     shrinkage: float | None = None,
     *,
     include_input: bool = False,
+    include_grid: bool = False,
 ) -> dict[str, ClassGaussians]:
     """:class:`ClassGaussians` per feature layer (Ledoit–Wolf shrinkage when ``None``); the
     ``input`` pixels only with ``include_input`` (a pixel-space distance lowered the unseen CW and
-    rotated-digit rates of the min-p rule: docs/detector.md)."""
+    rotated-digit rates of the min-p rule: docs/detector.md), the ``trunk_2x2`` maps (conv maps
+    pooled to 2×2 cells) only with ``include_grid``."""
+    wanted = {INPUT_LAYER: include_input, TRUNK_GRID_LAYER: include_grid}
+    if include_grid and TRUNK_GRID_LAYER not in features:
+        raise ValueError(f"the network has no {TRUNK_GRID_LAYER!r} features (a CNN trunk has)")
     return {
         layer: fit_class_gaussians(f, labels, n_classes, shrinkage)
         for layer, f in features.items()
-        if layer != INPUT_LAYER or include_input
+        if wanted.get(layer, True)
     }
 
 
@@ -80,9 +89,10 @@ def fit_kde(
 
 def fused_score_names(layers: tuple[str, ...] | list[str], with_kde: bool) -> tuple[str, ...]:
     """The scores the fusion reads: predictive entropy, mutual information, the closest-class
-    Mahalanobis distance of every layer, and ``−log KD``."""
+    Mahalanobis distance of every layer but the opt-in ones (:data:`OPT_IN_LAYERS`), and
+    ``−log KD``."""
     names = list(UNCERTAINTY_SCORES[:2])
-    names += [mahalanobis_names(layer)[0] for layer in layers]
+    names += [mahalanobis_names(layer)[0] for layer in layers if layer not in OPT_IN_LAYERS]
     if with_kde:
         names.append(KDE_SCORE)
     return tuple(names)

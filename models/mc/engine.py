@@ -11,7 +11,8 @@ Outputs follow the project convention ``B×K×C``.
 
 :func:`mc_predict_features` returns, from the same K passes, the features a detector reads
 (:mod:`bayesgate.models.detection`): the network's ``feature_layers``, ``"trunk"`` =
-``model.trunk_features(trunk(x))`` computed once per input (the CNN's conv output, ``B×D``), and
+``model.trunk_features(trunk(x))`` computed once per input (the CNN's conv output, ``B×D``),
+``"trunk_2x2"`` = ``model.trunk_grid_features(trunk(x))`` (the same maps pooled to 2×2 cells), and
 ``"penultimate"`` = the MC average ``(1/K) Σ_k z_k`` of the head's last hidden activations
 ``z_k = head[:model.penultimate_at](·)`` (``B×D``), taken before the final dropout/weight layer.
 """
@@ -31,6 +32,12 @@ from bayesgate.models.mc.dropout import mc_sampling
 DEFAULT_MAX_ROWS = 8192
 INPUT_LAYER = "input"
 """Feature name of the flattened input image, which every network's features include."""
+TRUNK_GRID = 2
+"""Cells per side of the spatially pooled trunk features: the coarsest grid that keeps the layout
+a 90° rotation changes (each quadrant moves to another); ``4·channels`` values."""
+TRUNK_GRID_LAYER = f"trunk_{TRUNK_GRID}x{TRUNK_GRID}"
+"""Feature name of the trunk's conv maps averaged over ``TRUNK_GRID²`` cells (networks whose
+``feature_layers`` name it: the CNNs' ``trunk_grid_features``), computed once per input."""
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -91,7 +98,8 @@ def mc_predict_features(
     """:func:`mc_predict` plus the detector's features from the same K passes (no second forward).
 
     ``features["input"]`` is the flattened image (:data:`INPUT_LAYER`, every network);
-    ``features["trunk"]`` (networks whose ``feature_layers`` name it) is computed once per input;
+    ``features["trunk"]`` and ``features["trunk_2x2"]`` (:data:`TRUNK_GRID_LAYER`; networks whose
+    ``feature_layers`` name them) are computed once per input;
     ``features["penultimate"] = (1/K) Σ_k head[:penultimate_at](trunk(x))`` over the K passes
     that give the probabilities. Same masks as :func:`mc_predict` for the same generator state.
     """
@@ -250,10 +258,14 @@ def _split_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
 def _feature_dict(
     model: nn.Module, h: torch.Tensor, pen_sum: torch.Tensor | None, k: int
 ) -> dict[str, torch.Tensor]:
-    """``{"trunk": trunk_features(h), "penultimate": pen_sum / k}`` for the model's layers."""
+    """``{"trunk": trunk_features(h), "trunk_2x2": trunk_grid_features(h), "penultimate":
+    pen_sum / k}`` for the model's layers."""
     features: dict[str, torch.Tensor] = {}
-    if "trunk" in getattr(model, "feature_layers", ()):
+    layers = getattr(model, "feature_layers", ())
+    if "trunk" in layers:
         features["trunk"] = model.trunk_features(h).float()
+    if TRUNK_GRID_LAYER in layers:
+        features[TRUNK_GRID_LAYER] = model.trunk_grid_features(h).float()
     if pen_sum is not None:
         features["penultimate"] = pen_sum / k
     return features

@@ -6,7 +6,8 @@ run the trunk on ``B`` rows and only the head on ``K·B`` rows.
 
 Detector features (:mod:`bayesgate.models.detection`): ``feature_layers`` names the layers a
 network exposes; ``head[:penultimate_at]`` gives the last hidden activations (before the final
-dropout), and the CNN's ``trunk_features`` turns the trunk output into per-channel means.
+dropout), and the CNN's ``trunk_features`` turns the trunk output into per-channel means,
+``trunk_grid_features`` into per-channel means over a ``TRUNK_GRID × TRUNK_GRID`` grid of cells.
 
 The presets and the architecture dict → network registry are in
 :mod:`bayesgate.models.networks.registry`.
@@ -22,6 +23,7 @@ import torch
 from torch import nn
 
 from bayesgate.models.mc.dropout import MCDropout
+from bayesgate.models.mc.engine import TRUNK_GRID, TRUNK_GRID_LAYER
 
 MNIST_SHAPE = (1, 28, 28)
 
@@ -77,14 +79,24 @@ class _ConvDropoutNet(nn.Module):
     """A conv trunk (``channels`` output channels, flattened) and a :func:`dropout_head`:
     ``forward``, and the detector features both CNNs expose."""
 
-    feature_layers = ("trunk", "penultimate")
+    feature_layers = ("trunk", TRUNK_GRID_LAYER, "penultimate")
     channels: int
+    trunk_hw: tuple[int, int]  # spatial size of the trunk's conv maps before flattening
     penultimate_at = 3  # head[:3] = dropout → dense → relu
 
     def trunk_features(self, h: torch.Tensor) -> torch.Tensor:
         """Per-channel spatial mean of the flattened trunk output ``h`` (``B×(channels·H·W)``),
         ``B×channels``."""
         return h.view(h.shape[0], self.channels, -1).mean(dim=-1)
+
+    def trunk_grid_features(self, h: torch.Tensor, grid: int = TRUNK_GRID) -> torch.Tensor:
+        """The trunk's conv maps ``m`` (``h`` unflattened, ``B×channels×H×W``) averaged over a
+        ``grid × grid`` array of cells, ``B×(channels·grid²)``, channel-major (``c·grid² + i·grid
+        + j``): ``g_{c,i,j} = mean{m_{c,u,v} : u ∈ U_i, v ∈ V_j}`` with the adaptive-pooling cells
+        ``U_i = [⌊iH/grid⌋, ⌈(i+1)H/grid⌉)`` (overlapping by a row when ``grid`` does not divide
+        ``H``), ``V_j`` likewise. ``grid = 1`` is :meth:`trunk_features`."""
+        maps = h.view(h.shape[0], self.channels, *self.trunk_hw)
+        return nn.functional.adaptive_avg_pool2d(maps, grid).flatten(1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.trunk(x))
@@ -121,7 +133,8 @@ class DropoutCNN(_ConvDropoutNet):
             nn.MaxPool2d(2),
             nn.Flatten(),
         )
-        features = channels * ((h - 4) // 2) * ((w - 4) // 2)
+        self.trunk_hw = ((h - 4) // 2, (w - 4) // 2)
+        features = channels * self.trunk_hw[0] * self.trunk_hw[1]
         self.head = dropout_head(features, hidden, classes, p)
         self.channels = channels
 
@@ -159,6 +172,7 @@ class WideDropoutCNN(_ConvDropoutNet):
             nn.MaxPool2d(2),
             nn.Flatten(),
         )
-        features = c2 * (h // 4) * (w // 4)
+        self.trunk_hw = (h // 4, w // 4)
+        features = c2 * self.trunk_hw[0] * self.trunk_hw[1]
         self.head = dropout_head(features, hidden, classes, p)
         self.channels = c2

@@ -65,6 +65,12 @@ def tiny_det_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _train_tiny("mlp-2x32-det", tmp_path_factory.mktemp("tiny") / "det", epochs=2)
 
 
+@pytest.fixture(scope="session")
+def tiny_cnn_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The paper's ``cnn`` (32 channels, 2×2 grid features of 12×12 maps) trained 1 epoch."""
+    return _train_tiny("cnn", tmp_path_factory.mktemp("tiny") / "cnn", epochs=1)
+
+
 @pytest.fixture
 def model_copy(tiny_model_dir: Path, tmp_path: Path) -> Path:
     """A private copy of the tiny model directory (calibration writes into it)."""

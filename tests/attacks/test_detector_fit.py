@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -68,6 +70,29 @@ def test_fit_detector_end_to_end(model_copy: Path, capsys: pytest.CaptureFixture
     assert read_calibration(model_copy, weights_sha256=sha).detector == reference
 
 
+def test_fit_detector_fits_the_grid_layer_when_asked(
+    tiny_cnn_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A CNN with ``--trunk-grid``: ``trunk_2x2`` Gaussians on the training subset, their distance
+    a third p-value of the min-p rule with its own threshold, not an input of the logistic fusion;
+    the scores served from the stored files are those of the fit."""
+    from bayesgate.attacks.detector_fit import GRID_SCORE, MIN_P_SCORES
+
+    model = Path(shutil.copytree(tiny_cnn_dir, tmp_path / "cnn"))
+    args = [*FIT, *SMALL, *ATTACKS, "--trunk-grid"]
+    assert main(["fit-detector", str(model), *args]) == 0
+    assert json.loads(capsys.readouterr().out)["rule"]["names"] == [*MIN_P_SCORES, GRID_SCORE]
+    loaded = load_model(model)
+    detector = load_detector(model, weights_sha256=loaded.card.weights_sha256)
+    assert set(detector.gaussians) == {"trunk", "trunk_2x2", "penultimate"}
+    assert detector.gaussians["trunk_2x2"].means.shape == (10, 4 * 32)
+    assert detector.fusion is not None and GRID_SCORE not in detector.fusion.names
+    assert GRID_SCORE in detector.thresholds and 0 < detector.fit["shrinkage"]["trunk_2x2"] < 1
+    x_val, _ = load_mnist("val", limit=20)
+    scores = score_images(detector, loaded.network, x_val, k=5, seed=0)
+    assert set(scores) == set(detector.score_names) and np.all(scores[GRID_SCORE] > 0)
+
+
 def test_fit_detector_rejects_bad_settings(model_copy: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["fit-detector", str(model_copy), "--fit-images", "0", "--no-progress"]) == 2
     assert "fit-images must be ≥ 1" in capsys.readouterr().err
@@ -76,3 +101,5 @@ def test_fit_detector_rejects_bad_settings(model_copy: Path, capsys: pytest.Capt
     assert "validation split has 10000 images" in capsys.readouterr().err
     assert main(["fit-detector", str(model_copy / "nope"), "--no-progress"]) == 2
     assert capsys.readouterr().err.startswith("bayesgate: error:")
+    assert main(["fit-detector", str(model_copy), "--trunk-grid", "--no-progress"]) == 2
+    assert "no trunk_2x2 features" in capsys.readouterr().err  # an MLP has no conv maps

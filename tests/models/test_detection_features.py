@@ -24,10 +24,11 @@ def _net(preset: str, **changes: object) -> nn.Module:
 @pytest.mark.parametrize(
     ("preset", "layers"),
     [
-        ("cnn", {"trunk": 32, "penultimate": 100}),
+        ("cnn", {"trunk": 32, "trunk_2x2": 128, "penultimate": 100}),
         ("mlp-2x32", {"penultimate": 32}),
         ("bbb-lenet5", {"penultimate": 84}),
-        ("cnn-det", {"trunk": 32, "penultimate": 100}),
+        ("cnn-det", {"trunk": 32, "trunk_2x2": 128, "penultimate": 100}),
+        ("cnn-wide", {"trunk": 64, "trunk_2x2": 256, "penultimate": 256}),
     ],
 )
 @pytest.mark.parametrize("max_rows", [None, 3])
@@ -63,6 +64,30 @@ def test_cnn_features_without_dropout_are_the_plain_activations() -> None:
     out = mc_predict_features(net, x, 6, generator=_gen(0)).features
     torch.testing.assert_close(out["trunk"], maps.mean(dim=(2, 3)))
     torch.testing.assert_close(out["penultimate"], torch.relu(dense(maps.flatten(1))))
+    # 12×12 maps, 2×2 cells of 6×6: channel-major (c, top-left, top-right, bottom-left, …)
+    cells = [maps[:, :, i : i + 6, j : j + 6].mean(dim=(2, 3)) for i in (0, 6) for j in (0, 6)]
+    torch.testing.assert_close(out["trunk_2x2"], torch.stack(cells, dim=-1).flatten(1))
+
+
+@pytest.mark.parametrize(
+    ("preset", "size", "cells"),
+    [
+        # 12×12 maps, m = 12u + v: cells [0,6)×[0,6) → 12·2.5 + 2.5, [0,6)×[6,12) → 30 + 8.5, …
+        ("cnn", 12, [32.5, 38.5, 104.5, 110.5]),
+        # 7×7 maps, m = 7u + v: adaptive cells [0,4) and [3,7) share row/column 3:
+        # rows mean 1.5 or 4.5 → 7·1.5 + 1.5 = 12, 10.5 + 4.5 = 15, 31.5 + 1.5 = 33, 36
+        ("cnn-wide", 7, [12.0, 15.0, 33.0, 36.0]),
+    ],
+)
+def test_grid_features_of_a_known_map(preset: str, size: int, cells: list[float]) -> None:
+    """``trunk_grid_features`` of ``m_{c,u,v} = c·size² + size·u + v``: the mean of each 2×2
+    cell, by hand; ``grid = 1`` is the per-channel mean ``trunk_features``."""
+    net = _net(preset)
+    c = net.channels
+    h = torch.arange(c * size * size, dtype=torch.float32).view(1, -1)
+    expected = torch.tensor(cells) + size * size * torch.arange(c, dtype=torch.float32)[:, None]
+    torch.testing.assert_close(net.trunk_grid_features(h), expected.view(1, -1))
+    torch.testing.assert_close(net.trunk_grid_features(h, grid=1), net.trunk_features(h))
 
 
 def test_penultimate_is_the_mean_over_the_k_masks() -> None:
@@ -81,7 +106,9 @@ def test_features_are_differentiable_in_attack_mode() -> None:
     with mc_sampling(_gen(0)):
         logits, features = mc_logits_features(net, x, 3)
     assert logits.shape == (2, 3, 10)
-    (features["trunk"].sum() + features["penultimate"].sum()).backward()
+    (
+        features["trunk"].sum() + features["trunk_2x2"].sum() + features["penultimate"].sum()
+    ).backward()
     assert x.grad is not None and x.grad.abs().sum() > 0
     x.grad = None
     features["input"].pow(2).sum().backward()  # the pixels themselves: ∂Σx²/∂x = 2x

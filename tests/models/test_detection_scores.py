@@ -215,3 +215,40 @@ def test_pixel_space_distance_is_the_shrunk_mahalanobis_of_the_pixels() -> None:
     got = det.scores(probs, {"input": torch.from_numpy(probe).float()})[INPUT_SCORE]
     np.testing.assert_allclose(got.double().numpy(), expected, rtol=2e-4)
     assert min_p_scores(det)[-1] == INPUT_SCORE
+
+
+def test_grid_layer_is_fitted_only_when_asked_and_scores_the_closed_form() -> None:
+    """``trunk_2x2`` (conv maps pooled to 2×2 cells, opt-in): fitted with ``include_grid``, its
+    closest-class distance is ``min_c (f − μ_c)ᵀ Σ⁻¹ (f − μ_c)`` with the Ledoit–Wolf-shrunk tied
+    covariance (computed here in float64 numpy from the definitions), a p-value of the min-p rule
+    and not an input of the logistic fusion."""
+    from bayesgate.attacks.detector_fit import GRID_SCORE, MIN_P_SCORES, min_p_scores
+    from bayesgate.models.detection.detector import Detector
+    from bayesgate.models.detection.fit import fit_gaussians, fused_score_names
+
+    x, y = _gaussians(300, seed=4)
+    x = x.astype(np.float32).astype(np.float64)  # the features the fit sees
+    feats = {"trunk_2x2": torch.from_numpy(x).float(), "trunk": torch.from_numpy(x[:, :2]).float()}
+    labels = torch.from_numpy(y)
+    assert set(fit_gaussians(feats, labels, C)) == {"trunk"}
+    gaussians = fit_gaussians(feats, labels, C, include_grid=True)
+    assert set(gaussians) == {"trunk", "trunk_2x2"}
+    det = Detector("0" * 64, 5, gaussians)
+    mu = np.stack([x[y == c].mean(0) for c in range(C)])
+    centred = x - mu[y]
+    delta = _ledoit_wolf_by_definition(centred)
+    assert gaussians["trunk_2x2"].shrinkage == pytest.approx(delta, rel=1e-6)
+    s = centred.T @ centred / len(x)
+    sigma = (1 - delta) * s + delta * np.trace(s) / D * np.eye(D)
+    probe = np.random.default_rng(5).normal(size=(6, D)) * 2
+    diff = probe[:, None, :] - mu[None]
+    expected = np.einsum("bcd,de,bce->bc", diff, np.linalg.inv(sigma), diff).min(axis=1)
+    probs = torch.full((6, 5, C), 1.0 / C)
+    got = det.scores(
+        probs, {"trunk_2x2": torch.from_numpy(probe).float(), "trunk": feats["trunk"][:6]}
+    )
+    np.testing.assert_allclose(got[GRID_SCORE].double().numpy(), expected, rtol=1e-4)
+    assert min_p_scores(det) == (*MIN_P_SCORES, GRID_SCORE)
+    assert GRID_SCORE not in fused_score_names(tuple(gaussians), with_kde=True)
+    with pytest.raises(ValueError, match="trunk_2x2"):
+        fit_gaussians({"penultimate": feats["trunk"]}, labels, C, include_grid=True)

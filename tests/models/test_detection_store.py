@@ -140,3 +140,36 @@ def test_scores_are_differentiable_in_the_features() -> None:
     leaves = {n: v.clone().requires_grad_() for n, v in features.items()}
     det.scores(probs, leaves)[FUSED].sum().backward()
     assert all(v.grad is not None and torch.isfinite(v.grad).all() for v in leaves.values())
+
+
+def test_a_grid_layer_and_its_min_p_rule_round_trip_bit_exactly(tmp_path: Path) -> None:
+    """A detector with ``trunk_2x2`` Gaussians (``fit-detector --trunk-grid``) and the min-p rule
+    over logit, entropy and their distance: same tensors, same bytes, same scores after loading."""
+    from bayesgate.attacks.detector_fit import GRID_SCORE, min_p_scores
+    from bayesgate.models.detection import FUSED_LOGISTIC
+    from bayesgate.models.detection.conformal import fit_conformal
+
+    det = _detector(torch.float32)
+    g = torch.Generator().manual_seed(2)
+    a = torch.randn(8, 8, generator=g, dtype=torch.float64)
+    precision = (a @ a.T + torch.eye(8, dtype=torch.float64)).inverse().float()
+    det.gaussians["trunk_2x2"] = ClassGaussians(torch.randn(3, 8, generator=g), precision, 0.01)
+    probs, features = _inputs(40)
+    features["trunk_2x2"] = torch.randn(40, 8, generator=g)
+    clean = {n: v.double().numpy() for n, v in det.scores(probs, features).items()}
+    clean[FUSED_LOGISTIC] = clean.pop(FUSED)
+    det.conformal = fit_conformal(clean, min_p_scores(det))
+    assert det.conformal.names == (FUSED_LOGISTIC, "predictive_entropy", GRID_SCORE)
+    save_detector(det, tmp_path)
+    back = load_detector(tmp_path, weights_sha256=SHA)
+    assert torch.equal(back.gaussians["trunk_2x2"].means, det.gaussians["trunk_2x2"].means)
+    assert torch.equal(back.gaussians["trunk_2x2"].precision, precision)
+    assert back.conformal == det.conformal
+    a_scores, b_scores = det.scores(probs, features), back.scores(probs, features)
+    assert GRID_SCORE in a_scores and a_scores.keys() == b_scores.keys()
+    assert all(torch.equal(a_scores[n], b_scores[n]) for n in a_scores)
+    again = tmp_path / "again"
+    again.mkdir()
+    save_detector(back, again)
+    for name in (DETECTOR_JSON, DETECTOR_TENSORS):
+        assert (again / name).read_bytes() == (tmp_path / name).read_bytes()
