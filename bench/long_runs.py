@@ -11,6 +11,7 @@ is a no-op. The command of each run is fixed here: ``--resume`` refuses other se
     python bench/long_runs.py queue [--jobs 2] NAME …  # start them in order, JOBS alive at a time
     python bench/long_runs.py curves OUT_DIR [NAME …]  # history.jsonl copies + a PNG of the curves
     python bench/long_runs.py export NAME OUT_DIR    # a model dir from the checkpoint as it is
+    python bench/long_runs.py export NAME OUT_DIR --last  # … with the last epoch's weights
 
 ``start`` runs the ``bayesgate`` next to this Python (your venv) with ``BAYESGATE_DATA_DIR`` from
 the environment; output is appended to ``NAME/train.log``. Starting the same run twice is refused
@@ -415,21 +416,51 @@ def stop(runs: list[Run], *, queue_too: bool = False) -> int:
     return 0
 
 
-def export_argv(run: Run, bayesgate: str, copy: Path, out: Path, epochs: int) -> list[str]:
+def export_argv(
+    run: Run, bayesgate: str, copy: Path, out: Path, epochs: int, name: str | None = None
+) -> list[str]:
     """The run's own ``train … --resume`` with ``--epochs`` cut to the epochs done, its
-    checkpoint directory replaced by ``copy`` and its output by ``out``: resuming a checkpoint
-    that has every epoch done trains nothing and writes the model (the best-LL weights for a
-    ``--keep-best`` run, the last ones otherwise)."""
+    checkpoint directory replaced by ``copy``, its output by ``out`` (and its card name by
+    ``name``): resuming a checkpoint that has every epoch done trains nothing and writes the model
+    (the best-LL weights for a ``--keep-best`` run, the last ones otherwise)."""
     argv = run.argv(bayesgate)
     for flag, value in (("--epochs", epochs), ("--checkpoint-dir", copy), ("--out", out)):
         argv[argv.index(flag) + 1] = str(value)
+    if name is not None:
+        argv[argv.index("--name") + 1] = name
     return argv
 
 
-def export(run: Run, out: Path) -> int:
+def keep_last_epoch(checkpoint: Path) -> int:
+    """Rewrite a (copied) ``--keep-best`` checkpoint so that its kept weights are the last
+    epoch's: ``best.* := model.*`` and the kept epoch := the epoch reached. Resumed, it then
+    writes the last epoch's weights with that epoch's validation metrics, and the card's
+    ``best_epoch`` names the epoch of the weights written. Returns that epoch."""
+    from bayesgate.models.training import checkpoint as ckpt
+
+    found = ckpt.read_checkpoint(checkpoint)
+    if found is None:
+        raise FileNotFoundError(f"no checkpoint in {checkpoint}")
+    tensors, state = found
+    model = ckpt.prefixed(tensors, "model")
+    tensors = {k: v for k, v in tensors.items() if not k.startswith("best.")}
+    tensors |= {f"best.{k}": v.clone() for k, v in model.items()}
+    epoch = int(state["progress"]["epoch"])
+    state["progress"]["best_epoch"] = epoch
+    for key in ("format", "tensors", "tensors_sha256"):
+        state.pop(key, None)
+    ckpt.write_checkpoint(checkpoint, tensors, state)
+    return epoch
+
+
+def export(run: Run, out: Path, *, last: bool = False) -> int:
     """Write a model directory (safetensors + card) from a train run's checkpoint as it is now,
     while the run may still be going: the checkpoint is copied first (its files are written
-    atomically, so a copy is one whole epoch) and the copy is resumed, never the original."""
+    atomically, so a copy is one whole epoch) and the copy is resumed, never the original.
+
+    ``last``: the last finished epoch's weights instead of the best-LL ones of a
+    ``--keep-best`` run (card name ``NAME-last``), e.g. to see what training past the
+    best-LL epoch does to a deterministic net's confidence."""
     import shutil
     import tempfile
 
@@ -447,7 +478,13 @@ def export(run: Run, out: Path) -> int:
         copy = Path(tmp) / "checkpoint"
         shutil.copytree(run.checkpoint, copy, ignore=shutil.ignore_patterns("pid", "*.log"))
         epochs = len(_jsonl(copy / "history.jsonl"))  # the copy's, should an epoch end meanwhile
-        argv = export_argv(run, bayesgate, copy, out, epochs)
+        if last and "--keep-best" not in run.flags:
+            print(f"long_runs: {run.name} keeps its last weights anyway", file=sys.stderr)
+            return 2
+        name = f"{run.name}-last" if last else None
+        if last:
+            keep_last_epoch(copy)
+        argv = export_argv(run, bayesgate, copy, out, epochs, name)
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         code = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL).returncode
     if code == 0:
@@ -502,6 +539,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "args", nargs="*", help="curves: OUT_DIR first; then run names (all); export: NAME OUT_DIR"
     )
+    parser.add_argument(
+        "--last", action="store_true", help="export: the last epoch's weights, not the best-LL"
+    )
     parser.add_argument("--jobs", type=int, default=2, help="queue: long runs alive at a time")
     parser.add_argument("--poll", type=float, default=30.0, help="queue: seconds between checks")
     args = parser.parse_intermixed_args(argv)  # options may come after the run names too
@@ -510,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
         if len(rest) != 2 or rest[0] not in RUNS:
             print(f"long_runs: export takes NAME OUT_DIR; known: {sorted(RUNS)}", file=sys.stderr)
             return 2
-        return export(RUNS[rest[0]], Path(rest[1]))
+        return export(RUNS[rest[0]], Path(rest[1]), last=args.last)
     out = Path(rest.pop(0)) if args.command == "curves" and rest else None
     unknown = [n for n in rest if n not in RUNS]
     if unknown:

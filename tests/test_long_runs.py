@@ -207,6 +207,56 @@ def test_export_writes_the_best_epoch_without_touching_the_running_checkpoint(
     assert long_runs.main(["export", "no-such-run", str(out)]) == 2
 
 
+def test_export_last_writes_the_last_epoch_with_its_own_metrics(
+    private_user_cache: Path, mnist_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``export --last`` writes the last finished epoch's weights of a ``--keep-best`` run: equal
+    to a fresh run trained that many epochs without ``--keep-best`` (same seed), named
+    ``NAME-last``, with that epoch's validation metrics; the run's checkpoint is untouched."""
+    from safetensors.torch import load_file
+
+    monkeypatch.setenv("BAYESGATE_DATA_DIR", str(mnist_root))
+    long_runs = load_long_runs()
+    flags = ("--preset", "mlp-2x32", "--alpha", "0.5", "--k-train", "2", "--k-val", "2",
+             "--epochs", "6", "--limit", "512", "--val-size", "1000", "--lr", "0.1",
+             "--keep-best", "--no-progress")  # fmt: skip
+    run = long_runs.Run("tiny-last", "train", flags, 17)
+    monkeypatch.setitem(long_runs.RUNS, run.name, run)
+    bayesgate = str(Path(sys.executable).with_name("bayesgate"))
+    subprocess.run(
+        long_runs.export_argv(run, bayesgate, run.checkpoint, run.out, 4),
+        check=True,
+        capture_output=True,
+    )
+    before = {p.name: p.stat().st_mtime_ns for p in run.checkpoint.iterdir()}
+    history = [json.loads(line) for line in (run.checkpoint / "history.jsonl").open()]
+    best = max(history, key=lambda r: r["val_log_likelihood"])["epoch"]
+    assert best < 4  # this lr overshoots at epoch 4, so the best-LL and the last weights differ
+
+    out = private_user_cache / "last"
+    assert long_runs.main(["export", run.name, str(out), "--last"]) == 0
+    assert {p.name: p.stat().st_mtime_ns for p in run.checkpoint.iterdir()} == before
+    card = json.loads((out / "card.json").read_text())
+    assert card["name"] == "tiny-last-last"
+    assert card["training"]["best_epoch"] == 4 and card["training"]["epochs_run"] == 4
+    assert card["metrics"]["val"]["log_likelihood"] == pytest.approx(
+        history[3]["val_log_likelihood"], abs=1e-5
+    )
+
+    fresh = private_user_cache / "fresh-last"
+    argv = long_runs.export_argv(run, bayesgate, private_user_cache / "fresh-last-ckpt", fresh, 4)
+    argv.remove("--keep-best")
+    subprocess.run(argv, check=True, capture_output=True)
+    exported = load_file(out / "model.safetensors")
+    reference = load_file(fresh / "model.safetensors")
+    assert exported.keys() == reference.keys()
+    assert all(exported[k].equal(reference[k]) for k in reference)
+    default = private_user_cache / "best-of-last"  # without --last: the best-LL epoch's
+    assert long_runs.main(["export", run.name, str(default)]) == 0
+    kept = load_file(default / "model.safetensors")
+    assert any(not kept[k].equal(reference[k]) for k in reference)
+
+
 def test_a_run_stopped_by_its_patience_is_converged_and_not_restarted(
     private_user_cache: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
