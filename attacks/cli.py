@@ -346,7 +346,7 @@ def _merge_sweep(
 def _write_sweep(
     out: Path, stem: str, figure: str, meta: dict[str, Any], rows: list[dict[str, Any]]
 ) -> None:
-    """``<stem>.csv``, ``<stem>.json`` and the figure (or, for detection, the Markdown table)."""
+    """``<stem>.csv``, ``<stem>.json`` and a Markdown table, plus the figure's PNG."""
     from bayesgate.attacks import sweep
     from bayesgate.attacks.plots import sweep_plot
 
@@ -365,6 +365,7 @@ def _write_sweep(
             "FGS step size η",
             title=f"Untargeted FGS, {images} MNIST test images",
         )
+        (out / "figure6.md").write_text(sweep.curve_table(rows, *sweep.FIGURE6_TABLE))
     elif figure == "7":
         sweep_plot(
             rows,
@@ -378,6 +379,7 @@ def _write_sweep(
             f"targeted FGS steps (η={meta['eta']:g})",
             title=f"Targeted attack to class 0, {images} non-zero MNIST test digits",
         )
+        (out / "figure7.md").write_text(sweep.curve_table(rows, *sweep.FIGURE7_TABLE))
     else:
         (out / "detection.md").write_text(sweep.detection_table(rows))
     sweep.write_csv(rows, out / f"{stem}.csv")

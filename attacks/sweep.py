@@ -364,6 +364,32 @@ def detection_table(
     return "\n".join(lines) + "\n"
 
 
+FIGURE6_TABLE = ("eta", (0.0, 0.05, 0.1, 0.2, 0.3, 0.5), ("accuracy", "mean_entropy", "mean_mi"))
+FIGURE7_TABLE = ("step", (0, 10, 20, 30, 40), ("accuracy", "target_rate", "mean_entropy"))
+_CURVE_LABELS = {"eta": "η", "mean_entropy": "entropy", "mean_mi": "MI", "target_rate": "as 0"}
+
+
+def curve_table(
+    rows: Sequence[dict[str, Any]], x: str, xs: Sequence[float], metrics: Sequence[str]
+) -> str:
+    """Markdown table of a figure's curves at a few x values: one line per (metric, model) in
+    the rows' model order, one column per x (``–`` where a model has no row at that x);
+    accuracies and rates with 3 decimals, entropies and MI with 2."""
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    index = {(r["model"], float(r[x])): r for r in rows}
+    head = [_CURVE_LABELS.get(x, x), *(f"{v:g}" for v in xs)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for metric in metrics:
+        digits = 2 if metric in ("mean_entropy", "mean_mi") else 3
+        for model in models:
+            cells = [f"{_CURVE_LABELS.get(metric, metric)} {model}"]
+            for v in xs:
+                row = index.get((model, float(v)))
+                cells.append("–" if row is None else f"{row[metric]:.{digits}f}")
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def write_csv(rows: Sequence[dict[str, Any]], path: Path | str) -> Path:
     """Rows to CSV (columns of the first row; floats with 6 significant digits)."""
     if not rows:

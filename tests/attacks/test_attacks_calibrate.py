@@ -184,11 +184,18 @@ def test_sweep_cli_figures(tiny_model_dir: Path, tiny_det_dir: Path, tmp_path: P
     assert [m["name"] for m in meta6["models"]] == ["tiny-mlp-2x32-det", "tiny-mlp-2x32"]
     clean = [r for r in rows6 if float(r["eta"]) == 0.0]
     assert all(float(r["images"]) == 20 for r in clean)
+    table6 = (tmp_path / "figure6.md").read_text().splitlines()
+    at = {float(r["eta"]): float(r["accuracy"]) for r in rows6 if r["model"] == "MLP det"}
+    want = " | ".join(f"{at[e]:.3f}" for e in (0.0, 0.05, 0.1, 0.2, 0.3, 0.5))
+    assert table6[2] == f"| accuracy MLP det | {want} |"  # the merged rows, in the model order
     with (tmp_path / "figure7.csv").open() as f:
         rows7 = list(csv.DictReader(f))
     assert [int(r["step"]) for r in rows7] == [0, 1, 2, 3] * 2
     for r in rows7:  # no image is a 0, so "correct" and "classified as 0" are disjoint
         assert float(r["accuracy"]) + float(r["target_rate"]) <= 1.0 + 1e-9
+    first = f"{float(rows7[0]['accuracy']):.3f}"  # 3 steps: only step 0 of 0, 10, …, 40 exists
+    table7 = (tmp_path / "figure7.md").read_text()
+    assert f"| accuracy MLP det | {first} | – | – | – | – |" in table7
     with (tmp_path / "detection.csv").open() as f:
         det = list(csv.DictReader(f))
     assert len(det) == 2 * 3 + 2  # attacks × (3 scores of the dropout net + entropy of det)
@@ -236,6 +243,26 @@ def test_cli_user_errors(
     dirs = {"{model}": str(tiny_model_dir), "{det}": str(tiny_det_dir)}
     assert main([dirs.get(a, a) for a in argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_curve_table_picks_the_columns_and_marks_missing_points() -> None:
+    from bayesgate.attacks.sweep import curve_table
+
+    rows = [
+        {"model": "A", "eta": 0.0, "accuracy": 0.9876, "mean_entropy": 0.123},
+        {"model": "A", "eta": 0.1, "accuracy": 0.5, "mean_entropy": 1.0},
+        {"model": "A", "eta": 0.2, "accuracy": 0.25, "mean_entropy": 1.5},
+        {"model": "B", "eta": 0.0, "accuracy": 1.0, "mean_entropy": 0.0},
+    ]
+    lines = curve_table(rows, "eta", (0.0, 0.1), ("accuracy", "mean_entropy")).splitlines()
+    assert lines == [
+        "| η | 0 | 0.1 |",
+        "|---|---|---|",
+        "| accuracy A | 0.988 | 0.500 |",
+        "| accuracy B | 1.000 | – |",
+        "| entropy A | 0.12 | 1.00 |",
+        "| entropy B | 0.00 | – |",
+    ]
 
 
 def test_detection_table_layout() -> None:
