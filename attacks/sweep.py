@@ -50,7 +50,9 @@ _KINDS = {
 
 
 def describe(loaded: LoadedModel) -> dict[str, Any]:
-    """Label and identity of a model: ``det`` for a deterministic net, else ``α=<alpha>``."""
+    """Label and identity of a model: ``det`` for a deterministic net, else ``α=<alpha>``; a
+    model exported with its last epoch's weights instead of its best-LL ones (``long_runs.py
+    export --last`` names it ``NAME-last``) gets `` last`` appended, so both can share a figure."""
     card = loaded.card
     arch = card.architecture
     kind = _KINDS.get(arch.get("type", ""), str(arch.get("type", "net")))
@@ -59,6 +61,8 @@ def describe(loaded: LoadedModel) -> dict[str, Any]:
         label = f"{kind} α={alpha:g}" if alpha is not None else f"{kind} {card.name}"
     else:
         label = f"{kind} det"
+    if card.name.endswith("-last"):
+        label += " last"
     return {
         "model": label,
         "name": card.name,

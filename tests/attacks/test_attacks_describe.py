@@ -12,17 +12,20 @@ from bayesgate.models.store.directory import ModelCard, load_model, save_model
 
 
 @pytest.mark.parametrize(
-    ("preset", "alpha", "label"),
+    ("preset", "name", "alpha", "label"),
     [
-        ("mlp-2x32", 0.5, "MLP α=0.5"),
-        ("mlp-2x32-det", 0.5, "MLP det"),
-        ("cnn", 1.0, "CNN α=1"),
-        ("bbb-lenet5", 0.0, "BBB LeNet-5 α=0"),
+        ("mlp-2x32", "m", 0.5, "MLP α=0.5"),
+        ("mlp-2x32-det", "m", 0.5, "MLP det"),
+        ("mlp-2x32-det", "m-last", 0.5, "MLP det last"),  # long_runs.py export --last
+        ("cnn", "m", 1.0, "CNN α=1"),
+        ("bbb-lenet5", "m", 0.0, "BBB LeNet-5 α=0"),
     ],
 )
-def test_describe_labels_each_family(tmp_path: Path, preset: str, alpha: float, label: str) -> None:
+def test_describe_labels_each_family(
+    tmp_path: Path, preset: str, name: str, alpha: float, label: str
+) -> None:
     arch = preset_architecture(preset)
-    card = ModelCard(name=preset, architecture=arch, training={"alpha": alpha})
+    card = ModelCard(name=name, architecture=arch, training={"alpha": alpha})
     save_model(build_network(arch), card, tmp_path)
     described = describe(load_model(tmp_path))
     assert described["model"] == label
