@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -165,6 +166,23 @@ def test_a_started_run_gets_the_lowest_autogroup_priority() -> None:
         child.wait()
 
 
+def _tiny_keep_best_run(
+    monkeypatch: pytest.MonkeyPatch, name: str, lr: str, epochs_done: int
+) -> tuple[ModuleType, Any, str]:
+    """A registered tiny ``--keep-best`` run (6-epoch cap) trained for ``epochs_done`` epochs:
+    ``(long_runs module, run, bayesgate executable)``."""
+    long_runs = load_long_runs()
+    flags = ("--preset", "mlp-2x32", "--alpha", "0.5", "--k-train", "2", "--k-val", "2",
+             "--epochs", "6", "--limit", "512", "--val-size", "1000", "--lr", lr,
+             "--keep-best", "--no-progress")  # fmt: skip
+    run = long_runs.Run(name, "train", flags, 17)
+    monkeypatch.setitem(long_runs.RUNS, run.name, run)
+    bayesgate = str(Path(sys.executable).with_name("bayesgate"))
+    argv = long_runs.export_argv(run, bayesgate, run.checkpoint, run.out, epochs_done)
+    subprocess.run(argv, check=True, capture_output=True)
+    return long_runs, run, bayesgate
+
+
 def test_export_writes_the_best_epoch_without_touching_the_running_checkpoint(
     private_user_cache: Path, mnist_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -174,16 +192,8 @@ def test_export_writes_the_best_epoch_without_touching_the_running_checkpoint(
     from safetensors.torch import load_file
 
     monkeypatch.setenv("BAYESGATE_DATA_DIR", str(mnist_root))
-    long_runs = load_long_runs()
-    flags = ("--preset", "mlp-2x32", "--alpha", "0.5", "--k-train", "2", "--k-val", "2",
-             "--epochs", "6", "--limit", "512", "--val-size", "1000", "--lr", "0.05",
-             "--keep-best", "--no-progress")  # fmt: skip
-    run = long_runs.Run("tiny-long", "train", flags, 17)
-    monkeypatch.setitem(long_runs.RUNS, run.name, run)
-    bayesgate = str(Path(sys.executable).with_name("bayesgate"))
     # three of the six epochs done, as a run interrupted (or still going) would have them
-    partial = long_runs.export_argv(run, bayesgate, run.checkpoint, run.out, 3)
-    subprocess.run(partial, check=True, capture_output=True)
+    long_runs, run, bayesgate = _tiny_keep_best_run(monkeypatch, "tiny-long", "0.05", 3)
     before = {p.name: p.stat().st_mtime_ns for p in run.checkpoint.iterdir()}
     history = [json.loads(line) for line in (run.checkpoint / "history.jsonl").open()]
     best = max(history, key=lambda r: r["val_log_likelihood"])["epoch"]
@@ -216,18 +226,7 @@ def test_export_last_writes_the_last_epoch_with_its_own_metrics(
     from safetensors.torch import load_file
 
     monkeypatch.setenv("BAYESGATE_DATA_DIR", str(mnist_root))
-    long_runs = load_long_runs()
-    flags = ("--preset", "mlp-2x32", "--alpha", "0.5", "--k-train", "2", "--k-val", "2",
-             "--epochs", "6", "--limit", "512", "--val-size", "1000", "--lr", "0.1",
-             "--keep-best", "--no-progress")  # fmt: skip
-    run = long_runs.Run("tiny-last", "train", flags, 17)
-    monkeypatch.setitem(long_runs.RUNS, run.name, run)
-    bayesgate = str(Path(sys.executable).with_name("bayesgate"))
-    subprocess.run(
-        long_runs.export_argv(run, bayesgate, run.checkpoint, run.out, 4),
-        check=True,
-        capture_output=True,
-    )
+    long_runs, run, bayesgate = _tiny_keep_best_run(monkeypatch, "tiny-last", "0.1", 4)
     before = {p.name: p.stat().st_mtime_ns for p in run.checkpoint.iterdir()}
     history = [json.loads(line) for line in (run.checkpoint / "history.jsonl").open()]
     best = max(history, key=lambda r: r["val_log_likelihood"])["epoch"]
