@@ -9,6 +9,9 @@ models are the long runs of ``bench/long_runs.py`` (best validation LL, stopped 
     python bench/alpha_figures.py evaluate 5 [--partial] # K = 100 test metrics → docs/mnist/figure5
     python bench/alpha_figures.py plot 5                  # figure5.png, figure5.md, figure5.csv
 
+``6`` does the same for the 3×1000 MLP that Figures 6–7 attack (clean test metrics against α;
+the paper has no such figure, its text quotes the accuracies).
+
 ``evaluate`` runs ``bayesgate evaluate MODEL --k 100 --seed 0`` on every finished run of the
 figure (its model directory under ``~/.cache/bayesgate/runs``) and writes ``NAME.json`` with the
 run's state (converged, epochs run, best epoch). ``--partial`` also exports and evaluates runs
@@ -38,8 +41,16 @@ import long_runs  # a sibling script, not a package
 
 ROOT = Path(__file__).resolve().parents[1]
 GROUPS = ("0", "0.5", "1", "det")  # the x positions: α values, then the deterministic baseline
-PREFIX = {4: ("mlp-2x100-",), 5: ("cnn-alpha", "cnn-det")}  # not cnn-wide-robust (issue 21)
-TITLE = {4: "Figure 4: MLP 2×100 on MNIST", 5: "Figure 5: CNN on MNIST"}
+PREFIX = {  # 6: not a figure of the paper, the clean test metrics of Figures 6–7's models
+    4: ("mlp-2x100-",),
+    5: ("cnn-alpha", "cnn-det"),  # not cnn-wide-robust (issue 21)
+    6: ("mlp-3x1000-",),
+}
+TITLE = {
+    4: "Figure 4: MLP 2×100 on MNIST",
+    5: "Figure 5: CNN on MNIST",
+    6: "MLP 3×1000 on MNIST (the models of Figures 6–7)",
+}
 
 
 def figure_runs(figure: int) -> list[long_runs.Run]:
@@ -220,7 +231,7 @@ def plot(figure: int, folder: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("command", choices=("evaluate", "plot"))
-    parser.add_argument("figure", type=int, choices=(4, 5))
+    parser.add_argument("figure", type=int, choices=sorted(PREFIX))
     parser.add_argument("--out", type=Path, help="folder (default docs/mnist/figureN)")
     parser.add_argument("--partial", action="store_true",
                         help="evaluate: runs still going too (best weights so far)")  # fmt: skip

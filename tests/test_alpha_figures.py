@@ -117,3 +117,13 @@ def test_each_figure_is_made_of_its_own_runs_only() -> None:
         assert len(runs) == 12, [r.name for r in runs]
         presets = {r.flags[r.flags.index("--preset") + 1] for r in runs}
         assert presets == {preset, f"{preset}-det"}
+    runs = figures.figure_runs(
+        6
+    )  # the 3×1000 MLP of Figures 6–7: α ∈ {0, 0.5, 1} and det, one seed
+    assert {r.flags[r.flags.index("--preset") + 1] for r in runs} == {
+        "mlp-3x1000",
+        "mlp-3x1000-det",
+    }
+    assert sorted(r.name for r in runs) == sorted(
+        f"mlp-3x1000-{g}-long" for g in ("alpha0", "alpha0.5", "alpha1", "det")
+    )
