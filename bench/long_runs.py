@@ -469,6 +469,9 @@ def export(run: Run, out: Path, *, last: bool = False) -> int:
             f"long_runs: {run.name} is a UCI sweep; its results are in {run.out}", file=sys.stderr
         )
         return 2
+    if last and "--keep-best" not in run.flags:
+        print(f"long_runs: {run.name} keeps its last weights anyway", file=sys.stderr)
+        return 2
     done = progress(run)
     if done == 0:
         print(f"long_runs: {run.name} has no finished epoch to export", file=sys.stderr)
@@ -478,9 +481,6 @@ def export(run: Run, out: Path, *, last: bool = False) -> int:
         copy = Path(tmp) / "checkpoint"
         shutil.copytree(run.checkpoint, copy, ignore=shutil.ignore_patterns("pid", "*.log"))
         epochs = len(_jsonl(copy / "history.jsonl"))  # the copy's, should an epoch end meanwhile
-        if last and "--keep-best" not in run.flags:
-            print(f"long_runs: {run.name} keeps its last weights anyway", file=sys.stderr)
-            return 2
         name = f"{run.name}-last" if last else None
         if last:
             keep_last_epoch(copy)

@@ -256,6 +256,17 @@ def test_export_last_writes_the_last_epoch_with_its_own_metrics(
     assert any(not kept[k].equal(reference[k]) for k in reference)
 
 
+def test_export_last_refuses_a_run_that_keeps_its_last_weights_anyway(
+    private_user_cache: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    long_runs = load_long_runs()
+    run = long_runs.Run("tiny-no-best", "train", ("--preset", "mlp-2x32", "--epochs", "2"), 17)
+    monkeypatch.setitem(long_runs.RUNS, run.name, run)
+    assert long_runs.main(["export", run.name, str(private_user_cache / "x"), "--last"]) == 2
+    assert "keeps its last weights anyway" in capsys.readouterr().err
+    assert not (private_user_cache / "x").exists()
+
+
 def test_a_run_stopped_by_its_patience_is_converged_and_not_restarted(
     private_user_cache: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
