@@ -47,6 +47,7 @@ from bayesgate.models.detection.detector import (
     Detector,
     collect_features,
     mahalanobis_names,
+    quadratic_names,
     scores_numpy,
 )
 from bayesgate.models.detection.fit import fit_gaussians, fit_kde, fused_score_names, transform_for
@@ -206,16 +207,24 @@ GRID_SCORE = mahalanobis_names(TRUNK_GRID_LAYER)[0]
 """The Mahalanobis distance of the conv maps pooled to 2×2 cells (closest class): a p-value of the
 min-p rule when a detector has ``trunk_2x2`` Gaussians (``fit-detector --trunk-grid``,
 ``bench/detector_rule.py --grid-layer``)."""
+PIXEL_QUADRATIC = "input_pool2"
+"""Name of the per-class (quadratic) Gaussians of the input pooled over 2×2 pixels
+(:mod:`bayesgate.models.detection.quadratic`; ``bench/detector_rule.py --pixel-gaussians``)."""
+PIXEL_QUADRATIC_SCORE = quadratic_names(PIXEL_QUADRATIC)[0]
+"""``min_c q_c(f)`` of those Gaussians: a p-value of the min-p rule when the detector has them."""
 
 
 def min_p_scores(detector: Detector) -> tuple[str, ...]:
-    """:data:`MIN_P_SCORES`, plus :data:`GRID_SCORE` / :data:`INPUT_SCORE` when the detector has
-    ``trunk_2x2`` / ``input`` Gaussians."""
+    """:data:`MIN_P_SCORES`, plus :data:`GRID_SCORE` / :data:`INPUT_SCORE` /
+    :data:`PIXEL_QUADRATIC_SCORE` when the detector has ``trunk_2x2`` / ``input`` Gaussians /
+    per-class Gaussians of the pooled input."""
     extra = [
         name
         for layer, name in ((TRUNK_GRID_LAYER, GRID_SCORE), (INPUT_LAYER, INPUT_SCORE))
         if layer in detector.gaussians
     ]
+    if PIXEL_QUADRATIC in detector.quadratics:
+        extra.append(PIXEL_QUADRATIC_SCORE)
     return MIN_P_SCORES + tuple(extra)
 
 

@@ -4,6 +4,7 @@ Usage:
   python bench/detector_rule.py --names fused_logistic mutual_information neg_log_kde   # in place
   python bench/detector_rule.py --input-layer --out DIR     # the pixel-space experiment, a copy
   python bench/detector_rule.py --grid-layer --out DIR      # conv maps pooled to 2×2, a copy
+  python bench/detector_rule.py --pixel-gaussians --out DIR  # per-class Gaussians, pooled pixels
 
 Nothing already fitted is re-fitted (the logistic fusion, the trunk and penultimate Gaussians and
 the KDE stay as they are). Steps:
@@ -14,6 +15,9 @@ the KDE stay as they are). Steps:
    entropy, pixel-space distance); with ``--grid-layer`` likewise for the trunk's conv maps
    averaged over 2×2 cells (``trunk_2x2``, the engine's features of the training images; K = 1:
    the trunk is deterministic), and the default names are logit, entropy, ``trunk_2x2`` distance;
+   with ``--pixel-gaussians`` one Gaussian per class with its own Ledoit–Wolf-shrunk covariance
+   of the training images average-pooled over 2×2 pixels (:func:`fit_class_quadratic`), and the
+   default names are logit, entropy, ``gaussian_nll_input_pool2``;
 2. the two validation parts cut as ``fit-detector`` cut them (seed 0): every score of the 5 000
    fit-part and 5 000 threshold-part images (K = the detector's, masks seeded 0). The stored logit
    threshold must come out again (checked, up to float rounding), so these are the parts the
@@ -37,13 +41,14 @@ from pathlib import Path
 import torch
 
 from bayesgate.attacks.detector_cli import store_detector
-from bayesgate.attacks.detector_fit import min_p_scores
+from bayesgate.attacks.detector_fit import PIXEL_QUADRATIC, min_p_scores
 from bayesgate.attacks.metrics import flag_rate, threshold_at_fpr
 from bayesgate.models.data.mnist import load_mnist
 from bayesgate.models.detection import FUSED, FUSED_LOGISTIC, load_detector
 from bayesgate.models.detection.conformal import fit_conformal
 from bayesgate.models.detection.detector import Detector, collect_features, scores_numpy
 from bayesgate.models.detection.mahalanobis import fit_class_gaussians
+from bayesgate.models.detection.quadratic import fit_class_quadratic
 from bayesgate.models.mc.engine import INPUT_LAYER, TRUNK_GRID_LAYER
 from bayesgate.models.store.directory import load_model
 
@@ -88,6 +93,25 @@ def add_layer(loaded, detector: Detector, layer: str) -> None:
     detector.fit = {**detector.fit, "shrinkage": shrinkage}
 
 
+def add_pixel_quadratic(loaded, detector: Detector) -> None:
+    """Per-class Gaussians of the training images pooled 2×2 (Ledoit–Wolf per class, true
+    labels), in place."""
+    if PIXEL_QUADRATIC in detector.quadratics:
+        raise SystemExit(f"the detector already has {PIXEL_QUADRATIC} Gaussians")
+    x, y = load_mnist("train", val_size=loaded.card.training.val_size)
+    started = time.perf_counter()
+    quadratic = fit_class_quadratic(x, y, len(loaded.card.classes), pool=2)
+    seconds = time.perf_counter() - started
+    deltas = ", ".join(f"{d:.3g}" for d in quadratic.shrinkage)
+    print(
+        f"{PIXEL_QUADRATIC} per-class Gaussians: D = {quadratic.means.shape[1]}, δ_c = {deltas} "
+        f"({seconds:.0f} s)"
+    )
+    detector.quadratics = {**detector.quadratics, PIXEL_QUADRATIC: quadratic}
+    shrinkage = {**detector.fit.get("shrinkage", {}), PIXEL_QUADRATIC: list(quadratic.shrinkage)}
+    detector.fit = {**detector.fit, "shrinkage": shrinkage}
+
+
 def set_rule(loaded, detector: Detector, names: tuple[str, ...], how: str) -> None:
     """``fused`` = min-p over ``names``; every threshold again on the threshold part (in place)."""
     stored = detector.thresholds[FUSED_LOGISTIC]
@@ -117,6 +141,9 @@ def main() -> None:
     parser.add_argument("--names", nargs="+", default=None, help="scores of the min-p rule")
     parser.add_argument("--input-layer", action="store_true", help="add pixel-space Gaussians")
     parser.add_argument("--grid-layer", action="store_true", help="add trunk_2x2 Gaussians")
+    parser.add_argument(
+        "--pixel-gaussians", action="store_true", help="add per-class Gaussians, 2×2-pooled pixels"
+    )
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -130,6 +157,8 @@ def main() -> None:
     for layer, wanted in ((TRUNK_GRID_LAYER, args.grid_layer), (INPUT_LAYER, args.input_layer)):
         if wanted:
             add_layer(loaded, detector, layer)
+    if args.pixel_gaussians:
+        add_pixel_quadratic(loaded, detector)
     names = tuple(args.names) if args.names else min_p_scores(detector)
     set_rule(loaded, detector, names, "set by bench/detector_rule.py")
     print(json.dumps(store_detector(detector, directory), indent=2, ensure_ascii=False))

@@ -8,6 +8,8 @@ score's threshold):
 - ``mahalanobis_<layer>`` = ``min_c d_c(f)`` and ``mahalanobis_<layer>_predicted`` = ``d_ŷ(f)`` for
   every feature layer (``trunk``, ``penultimate``; :mod:`.mahalanobis`), ``ŷ = argmax_c p̄_c``;
 - ``neg_log_kde`` = ``−log KD(f)`` of the predicted class in the last hidden layer (:mod:`.kde`);
+- ``gaussian_nll_<name>`` = ``min_c q_c(f)`` and ``gaussian_nll_<name>_predicted`` = ``q_ŷ(f)`` for
+  every per-class (quadratic) Gaussian of the pooled input (opt-in; :mod:`.quadratic`);
 - ``fused`` = the minimum-p-value rule over ``conformal.names`` when the detector has one
   (:mod:`.conformal`: ``−log min_j p_j`` with conformal p-values against clean validation scores),
   and then ``fused_logistic`` = the logistic-regression logit over the standardised scores in
@@ -41,7 +43,8 @@ from bayesgate.models.detection.conformal import ConformalFusion
 from bayesgate.models.detection.fusion import LogisticFusion
 from bayesgate.models.detection.kde import ClassKDE
 from bayesgate.models.detection.mahalanobis import ClassGaussians
-from bayesgate.models.mc.engine import mc_predict_features
+from bayesgate.models.detection.quadratic import ClassQuadratic
+from bayesgate.models.mc.engine import INPUT_LAYER, mc_predict_features
 from bayesgate.models.mc.uncertainty import SCORES, predictive_mean
 
 FUSED = "fused"
@@ -55,6 +58,11 @@ def mahalanobis_names(layer: str) -> tuple[str, str]:
     return f"mahalanobis_{layer}", f"mahalanobis_{layer}_predicted"
 
 
+def quadratic_names(name: str) -> tuple[str, str]:
+    """``(gaussian_nll_<name>, gaussian_nll_<name>_predicted)``."""
+    return f"gaussian_nll_{name}", f"gaussian_nll_{name}_predicted"
+
+
 @dataclass
 class Detector:
     """Fitted statistics of one model (tied to its weights by ``model_sha256``).
@@ -63,7 +71,8 @@ class Detector:
     the fusion is fitted); ``conformal`` (``None``: ``fused`` is the logistic logit);
     ``thresholds``: score name → threshold at ``target_fpr`` on clean
     validation images; ``k`` the MC samples the scores and thresholds were computed with;
-    ``fit``: how it was fitted (data, bandwidth curve, AUROCs — JSON-ready).
+    ``fit``: how it was fitted (data, bandwidth curve, AUROCs — JSON-ready); ``quadratics``:
+    name (e.g. ``input_pool2``) → per-class Gaussians of the pooled ``input`` layer.
     """
 
     model_sha256: str
@@ -76,6 +85,7 @@ class Detector:
     thresholds: dict[str, float] = field(default_factory=dict)
     fit: dict[str, Any] = field(default_factory=dict)
     conformal: ConformalFusion | None = None
+    quadratics: dict[str, ClassQuadratic] = field(default_factory=dict)
 
     @property
     def score_names(self) -> tuple[str, ...]:
@@ -83,6 +93,8 @@ class Detector:
         names = list(UNCERTAINTY_SCORES)
         for layer in self.gaussians:
             names += mahalanobis_names(layer)
+        for name in self.quadratics:
+            names += quadratic_names(name)
         if self.kde is not None:
             names.append(KDE_SCORE)
         if self.fusion is not None:
@@ -95,7 +107,8 @@ class Detector:
     def layers(self) -> tuple[str, ...]:
         """The feature layers :meth:`scores` reads."""
         kde = (self.kde_layer,) if self.kde is not None else ()
-        return tuple(dict.fromkeys((*self.gaussians, *kde)))
+        pixels = (INPUT_LAYER,) if self.quadratics else ()
+        return tuple(dict.fromkeys((*self.gaussians, *kde, *pixels)))
 
     @property
     def score(self) -> str:
@@ -131,6 +144,9 @@ class Detector:
         for layer, gaussians in self.gaussians.items():
             closest, to_predicted = gaussians.scores(_layer(features, layer), predicted)
             out.update(zip(mahalanobis_names(layer), (closest, to_predicted), strict=True))
+        for name, quadratic in self.quadratics.items():
+            closest, to_predicted = quadratic.scores(_layer(features, INPUT_LAYER), predicted)
+            out.update(zip(quadratic_names(name), (closest, to_predicted), strict=True))
         if self.kde is not None:
             out[KDE_SCORE] = -self.kde.log_density(_layer(features, self.kde_layer), predicted)
         if self.fusion is not None:

@@ -2,7 +2,9 @@
 
 ``detector.safetensors`` holds the tensors — per layer ``mahalanobis.<layer>.means`` (``C×D``) and
 ``mahalanobis.<layer>.precision`` (``D×D``), ``kde.samples`` (``N×D``) and ``kde.offsets``
-(``C+1``) — in the canonical form of :func:`bayesgate.models.store.directory.canonical_safetensors`.
+(``C+1``), per quadratic (per-class) Gaussian ``quadratic.<name>.means`` (``C×D``) and
+``quadratic.<name>.precisions`` (``C×D×D``) — in the canonical form of
+:func:`bayesgate.models.store.directory.canonical_safetensors`.
 ``detector.json`` holds everything else: the format, the model's weights sha256, K, the target
 FPR, shrinkage per layer, the KDE bandwidth and layer, the fusion's names, transforms,
 standardisation and coefficients, the min-p-value rule's names and sorted clean reference scores
@@ -28,6 +30,7 @@ from bayesgate.models.detection.detector import Detector
 from bayesgate.models.detection.fusion import LogisticFusion
 from bayesgate.models.detection.kde import ClassKDE
 from bayesgate.models.detection.mahalanobis import ClassGaussians
+from bayesgate.models.detection.quadratic import ClassQuadratic
 from bayesgate.models.store.directory import (
     ModelStoreError,
     _atomic_write,
@@ -82,6 +85,9 @@ def _tensors(detector: Detector) -> dict[str, torch.Tensor]:
     for layer, g in detector.gaussians.items():
         out[f"mahalanobis.{layer}.means"] = g.means.detach().cpu().contiguous()
         out[f"mahalanobis.{layer}.precision"] = g.precision.detach().cpu().contiguous()
+    for name, q in detector.quadratics.items():
+        out[f"quadratic.{name}.means"] = q.means.detach().cpu().contiguous()
+        out[f"quadratic.{name}.precisions"] = q.precisions.detach().cpu().contiguous()
     if detector.kde is not None:
         out["kde.samples"] = detector.kde.samples.detach().cpu().contiguous()
         out["kde.offsets"] = detector.kde.offsets.detach().cpu().contiguous()
@@ -99,6 +105,16 @@ def _metadata(detector: Detector, statistics_sha256: str) -> dict[str, Any]:
         "mahalanobis": {
             layer: {"shrinkage": g.shrinkage, "dim": int(g.means.shape[1])}
             for layer, g in detector.gaussians.items()
+        },
+        "quadratic": {
+            name: {
+                "layer": "input",
+                "image_shape": list(q.image_shape),
+                "pool": q.pool,
+                "shrinkage": list(q.shrinkage),
+                "dim": int(q.means.shape[1]),
+            }
+            for name, q in detector.quadratics.items()
         },
         "kde": None
         if detector.kde is None
@@ -140,6 +156,16 @@ def _detector(meta: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Detecto
         )
         for layer, info in meta["mahalanobis"].items()
     }
+    quadratics = {
+        name: ClassQuadratic(
+            tensors[f"quadratic.{name}.means"],
+            tensors[f"quadratic.{name}.precisions"],
+            tuple(float(d) for d in info["shrinkage"]),
+            tuple(int(n) for n in info["image_shape"]),
+            int(info["pool"]),
+        )
+        for name, info in (meta.get("quadratic") or {}).items()
+    }
     kde_meta = meta.get("kde")
     kde = None
     if kde_meta is not None:
@@ -151,6 +177,7 @@ def _detector(meta: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Detecto
         model_sha256=str(meta["model_sha256"]),
         k=int(meta["k"]),
         gaussians=gaussians,
+        quadratics=quadratics,
         kde=kde,
         kde_layer=str(kde_meta["layer"]) if kde_meta else "penultimate",
         fusion=fusion,
