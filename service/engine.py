@@ -1,9 +1,10 @@
 """The engine call the inference worker makes: K dropout passes of a batch.
 
 ``engine(network, x, k, generator)`` returns the ``B×K×C`` probabilities;
-``engine(network, x, k, generator, features=True)`` (called when the served model has a fused
-detector) returns :class:`~bayesgate.models.mc.engine.MCFeaturePrediction`: the same probabilities
-and, from the same K passes, the features the detector reads.
+``engine(network, x, k, generator, features=LAYERS)`` (called when the served model has a fused
+detector, with the layers it reads; ``features=True``: every layer) returns
+:class:`~bayesgate.models.mc.engine.MCFeaturePrediction`: the same probabilities and, from the
+same K passes, those features.
 
 Replaceable per worker (``BatchWorker.engine``): the tests slow it down, gate it or make it fail.
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 
 import torch
 from torch import nn
@@ -24,7 +25,7 @@ from torch import nn
 from bayesgate.models.mc.engine import MCFeaturePrediction, mc_predict, mc_predict_features
 
 Engine = Callable[..., "torch.Tensor | MCFeaturePrediction"]
-"""``engine(network, x, k, generator[, features=True])``, as :func:`mc_engine`."""
+"""``engine(network, x, k, generator[, features=True | LAYERS])``, as :func:`mc_engine`."""
 
 
 def mc_engine(
@@ -33,12 +34,14 @@ def mc_engine(
     k: int,
     generator: torch.Generator | None,
     *,
-    features: bool = False,
+    features: bool | Collection[str] = False,
 ) -> torch.Tensor | MCFeaturePrediction:
     """``B×K×C`` probabilities of K dropout passes (:func:`~bayesgate.models.mc.engine.mc_predict`),
-    or with ``features`` :func:`~bayesgate.models.mc.engine.mc_predict_features`."""
+    or with ``features`` :func:`~bayesgate.models.mc.engine.mc_predict_features` (``True``: every
+    layer; a collection of layer names: only those)."""
     if features:
-        return mc_predict_features(network, x, k, generator=generator)
+        layers = None if features is True else tuple(features)
+        return mc_predict_features(network, x, k, generator=generator, layers=layers)
     return mc_predict(network, x, k, generator=generator).probs
 
 

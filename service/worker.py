@@ -575,10 +575,11 @@ class BatchWorker:
     def _engine_call(
         self, model: ServedModel, x: torch.Tensor, k: int, generator: torch.Generator | None
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
-        """``(probs B×K×C, features)``; features (same K passes) only for a fused detector."""
+        """``(probs B×K×C, features)``; features (same K passes, the layers the detector reads)
+        only for a fused detector."""
         if model.detector is None:
             return self.engine(model.network, x, k, generator), None
-        out = self.engine(model.network, x, k, generator, features=True)
+        out = self.engine(model.network, x, k, generator, features=model.detector.layers)
         return out.probs, out.features
 
     def _run_group(self, jobs: list[Job]) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import NamedTuple
 
 import torch
@@ -38,6 +38,7 @@ a 90° rotation changes (each quadrant moves to another); ``4·channels`` values
 TRUNK_GRID_LAYER = f"trunk_{TRUNK_GRID}x{TRUNK_GRID}"
 """Feature name of the trunk's conv maps averaged over ``TRUNK_GRID²`` cells (networks whose
 ``feature_layers`` name it: the CNNs' ``trunk_grid_features``), computed once per input."""
+PENULTIMATE = "penultimate"
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -94,6 +95,7 @@ def mc_predict_features(
     generator: torch.Generator | None = None,
     max_rows: int | None = None,
     precision: str = "fp32",
+    layers: Collection[str] | None = None,
 ) -> MCFeaturePrediction:
     """:func:`mc_predict` plus the detector's features from the same K passes (no second forward).
 
@@ -102,10 +104,15 @@ def mc_predict_features(
     ``feature_layers`` name them) are computed once per input;
     ``features["penultimate"] = (1/K) Σ_k head[:penultimate_at](trunk(x))`` over the K passes
     that give the probabilities. Same masks as :func:`mc_predict` for the same generator state.
+    ``layers``: compute only these of them (the ones a detector reads; ``None``: all) — the
+    probabilities and every layer computed are the same as in the full call.
     """
-    log_p, features = _predict(model, x, k, generator, max_rows, precision, with_features=True)
-    features = {**(features or {}), INPUT_LAYER: _input_features(x).detach()}
-    return MCFeaturePrediction(log_p.exp(), log_p, features)
+    log_p, features = _predict(
+        model, x, k, generator, max_rows, precision, with_features=True, layers=layers
+    )
+    if _wants(layers, INPUT_LAYER):
+        features = {**(features or {}), INPUT_LAYER: _input_features(x).detach()}
+    return MCFeaturePrediction(log_p.exp(), log_p, features or {})
 
 
 def mc_logits_features(
@@ -136,19 +143,21 @@ def _predict(
     precision: str,
     *,
     with_features: bool,
+    layers: Collection[str] | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
-    """``B×K×C`` log-probabilities (and features) under inference mode, dropout on."""
+    """``B×K×C`` log-probabilities (and features: ``layers`` of them, all when ``None``) under
+    inference mode, dropout on."""
     _check_k(k)
     max_rows = DEFAULT_MAX_ROWS if max_rows is None else max_rows
     if max_rows < 1:
         raise ValueError(f"max_rows must be ≥ 1, got {max_rows}")
     with torch.inference_mode(), _eval_mode(model), _autocast(x.device, precision):
         if not getattr(model, "stochastic", True):
-            return _deterministic_log_probs(model, x, k, max_rows, with_features)
+            return _deterministic_log_probs(model, x, k, max_rows, with_features, layers)
         # the head only ever sees fresh rows here, so dropout may mask them in place (a head
         # run k times on the same rows, the weight-sampling branch, must not)
         with mc_sampling(generator, inplace=getattr(model, "per_example_noise", True)):
-            return _stochastic_log_probs(model, x, k, max_rows, with_features)
+            return _stochastic_log_probs(model, x, k, max_rows, with_features, layers)
 
 
 def mc_log_predictive(
@@ -169,7 +178,12 @@ def mc_log_predictive(
 
 
 def _deterministic_log_probs(
-    model: nn.Module, x: torch.Tensor, k: int, max_rows: int, with_features: bool
+    model: nn.Module,
+    x: torch.Tensor,
+    k: int,
+    max_rows: int,
+    with_features: bool,
+    layers: Collection[str] | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
     """A deterministic network runs once; its answer is expanded to K identical samples."""
     if not with_features:
@@ -178,14 +192,19 @@ def _deterministic_log_probs(
     parts = []
     for c in x.split(max_rows):
         h = model.trunk(c)
-        out, pen = _head_pass(model, h, 1, with_features=True)
-        parts.append((_log_softmax(out[:, 0]), _feature_dict(model, h, pen, 1)))
+        out, pen = _head_pass(model, h, 1, with_features=_wants(layers, PENULTIMATE))
+        parts.append((_log_softmax(out[:, 0]), _feature_dict(model, h, pen, 1, layers)))
     log_p = torch.cat([p for p, _ in parts]).unsqueeze(1).expand(-1, k, -1)
     return log_p, {name: torch.cat([f[name] for _, f in parts]) for name in parts[0][1]}
 
 
 def _stochastic_log_probs(
-    model: nn.Module, x: torch.Tensor, k: int, max_rows: int, with_features: bool = False
+    model: nn.Module,
+    x: torch.Tensor,
+    k: int,
+    max_rows: int,
+    with_features: bool = False,
+    layers: Collection[str] | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
     """Fill a preallocated ``B×K×C`` tensor chunk by chunk; the trunk runs once per example.
 
@@ -195,6 +214,7 @@ def _stochastic_log_probs(
     b = x.shape[0]
     out: torch.Tensor | None = None
     chunks: list[dict[str, torch.Tensor]] = []
+    with_penultimate = with_features and _wants(layers, PENULTIMATE)
     per_chunk = max(1, max_rows // k)  # examples per chunk when K fits in the row budget
     k_step = min(k, max_rows)  # samples per chunk when a single example's K does not fit
     for start in range(0, b, per_chunk):
@@ -203,7 +223,7 @@ def _stochastic_log_probs(
         pen_sum: torch.Tensor | None = None
         for k0 in range(0, k, k_step):
             kk = min(k_step, k - k0)
-            logits, pen = _head_pass(model, h, kk, with_features)
+            logits, pen = _head_pass(model, h, kk, with_penultimate)
             log_p = _log_softmax(logits)
             if pen is not None:
                 pen_sum = pen if pen_sum is None else pen_sum + pen
@@ -211,7 +231,7 @@ def _stochastic_log_probs(
                 out = torch.empty(b, k, log_p.shape[-1], dtype=torch.float32, device=x.device)
             out[start : start + nb, k0 : k0 + kk] = log_p
         if with_features:
-            chunks.append(_feature_dict(model, h, pen_sum, k))
+            chunks.append(_feature_dict(model, h, pen_sum, k, layers))
     if out is None:
         raise ValueError("mc_predict needs at least one input row")
     if not with_features:
@@ -255,13 +275,21 @@ def _split_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
     return model.head[:at], model.head[at:]
 
 
+def _wants(layers: Collection[str] | None, name: str) -> bool:
+    return layers is None or name in layers
+
+
 def _feature_dict(
-    model: nn.Module, h: torch.Tensor, pen_sum: torch.Tensor | None, k: int
+    model: nn.Module,
+    h: torch.Tensor,
+    pen_sum: torch.Tensor | None,
+    k: int,
+    wanted: Collection[str] | None = None,
 ) -> dict[str, torch.Tensor]:
     """``{"trunk": trunk_features(h), "trunk_2x2": trunk_grid_features(h), "penultimate":
-    pen_sum / k}`` for the model's layers."""
+    pen_sum / k}`` for the model's layers (those of them in ``wanted``, all when ``None``)."""
     features: dict[str, torch.Tensor] = {}
-    layers = getattr(model, "feature_layers", ())
+    layers = [n for n in getattr(model, "feature_layers", ()) if _wants(wanted, n)]
     if "trunk" in layers:
         features["trunk"] = model.trunk_features(h).float()
     if TRUNK_GRID_LAYER in layers:

@@ -46,6 +46,24 @@ def test_probabilities_are_those_of_mc_predict(
     assert torch.equal(with_features.features["input"], x.flatten(1))
 
 
+@pytest.mark.parametrize("preset", ["cnn", "cnn-det", "mlp-2x32", "bbb-lenet5"])
+@pytest.mark.parametrize(
+    "wanted", [(), ("trunk",), ("penultimate",), ("trunk", "penultimate"), ("input", "trunk_2x2")]
+)
+def test_a_layer_subset_computes_only_those_layers_with_the_same_bits(
+    preset: str, wanted: tuple[str, ...]
+) -> None:
+    """``layers=``: exactly the asked layers the network has, each bit-identical to the full
+    call's, and the same probabilities (the same masks drawn)."""
+    net, x = _net(preset), torch.rand(5, 1, 28, 28, generator=_gen(1))
+    full = mc_predict_features(net, x, 4, generator=_gen(2), max_rows=7)
+    some = mc_predict_features(net, x, 4, generator=_gen(2), max_rows=7, layers=wanted)
+    assert torch.equal(full.probs, some.probs)
+    assert set(some.features) == set(wanted) & set(full.features)
+    for name, value in some.features.items():
+        assert torch.equal(value, full.features[name]), name
+
+
 def test_weight_sampling_bbb_gives_the_same_probabilities() -> None:
     net = _net("bbb-lenet5")
     net.sampling = "weights"

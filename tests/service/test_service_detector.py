@@ -24,6 +24,7 @@ from bayesgate.models.detection.store import DETECTOR_JSON
 from bayesgate.models.mc.engine import mc_predict_features
 from bayesgate.models.store.calibration import read_calibration, write_calibration
 from bayesgate.models.store.directory import load_model
+from bayesgate.service.engine import mc_engine
 from bayesgate.service.errors import StartupError
 from bayesgate.service.served_model import load_served_model
 from bayesgate.service.settings import Settings
@@ -106,6 +107,26 @@ async def test_v1_predictions_carry_every_score_and_the_fused_flag(
     calibration = models["models"][0]["calibration"]
     assert calibration["score"] == FUSED and calibration["detector"]["score"] == FUSED
     assert calibration["thresholds"][KDE_SCORE] == detector.thresholds[KDE_SCORE]
+
+
+async def test_the_engine_computes_only_the_layers_the_detector_reads(
+    serving: Callable[[Settings], Any], detector_dir: Path
+) -> None:
+    calls: list[tuple[Any, set[str]]] = []
+
+    def recording(network: Any, x: torch.Tensor, k: int, generator: Any, **kw: Any) -> Any:
+        out = mc_engine(network, x, k, generator, **kw)
+        calls.append((kw.get("features"), set(out.features)))
+        return out
+
+    x = torch.rand(2, 1, 28, 28, generator=torch.Generator().manual_seed(3))
+    async with serving(_settings(detector_dir)) as (app, client):
+        app.state.worker.engine = recording
+        response = await client.post("/v1/predict", json={"instances": x.tolist(), "seed": 1})
+    assert response.status_code == 200, response.text
+    layers = load_detector(detector_dir).layers
+    assert calls == [(layers, set(layers))]
+    assert "input" not in layers  # the tiny CNN's detector reads trunk and penultimate only
 
 
 async def test_v2_outputs_follow(serving: Callable[[Settings], Any], detector_dir: Path) -> None:
