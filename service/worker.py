@@ -17,6 +17,13 @@ larger than ``max_batch_size`` runs alone. Within a batch:
 An exception in an engine call fails only the jobs of that call (``InferenceFailed``); the
 thread keeps serving.
 
+The answers are built by a second thread: after an engine call the worker hands its outputs over
+(a queue of one batch) and goes on to gather and compute the next batch while the answer thread
+turns the last one into :class:`~bayesgate.service.prediction.Prediction` s (uncertainty, detector
+scores, flags) and answers its requests. The two overlap — the engine's kernels run without the
+GIL — which is worth ~20–25 % of throughput at one-image requests (docs/service.md). The answers
+are those of the engine call's own model and outputs, so nothing about them changes.
+
 Admission is by work, not by requests: a job costs ``B × K`` image-passes, and the queue holds at
 most ``max_queued_work`` of them (and at most ``queue_capacity`` jobs); a request that does not fit
 is refused at once (:class:`QueueFull`, 503 + ``Retry-After``). Work is *held* from the request's
@@ -52,6 +59,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import queue
 import threading
@@ -106,6 +114,19 @@ class Job:
     def work(self) -> int:
         """The job's cost in image-passes: ``B × K``."""
         return self.size * self.k
+
+
+@dataclass(eq=False)
+class Computed:
+    """An engine call's outputs waiting for their answers: the jobs (in row order), the model
+    that computed them, ``probs`` ``B×K×C`` and the detector's features, the call's seconds."""
+
+    jobs: list[Job]
+    model: ServedModel
+    probs: torch.Tensor
+    features: dict[str, torch.Tensor] | None
+    size: int
+    engine_seconds: float
 
 
 @dataclass(eq=False)
@@ -231,6 +252,11 @@ class BatchWorker:
         self._pass_seconds: deque[float] = deque(maxlen=64)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # Engine outputs handed to the answer thread (at most one waiting, one being answered).
+        self._computed: queue.Queue[Computed | None] = queue.Queue(maxsize=1)
+        self._answering: list[Computed] = []  # handed over, not yet answered (abandon() sees them)
+        self._answering_lock = threading.Lock()
+        self._answer_thread: threading.Thread | None = None
 
     @property
     def engine(self) -> Engine:
@@ -456,20 +482,33 @@ class BatchWorker:
     def start(self) -> None:
         if self._thread is not None:
             raise RuntimeError("worker already started")
+        self._answer_thread = threading.Thread(
+            target=self._answer_loop, name="bayesgate-answers", daemon=True
+        )
+        self._answer_thread.start()
         self._thread = threading.Thread(target=self._run, name="bayesgate-worker", daemon=True)
         self._thread.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop the thread; jobs still queued fail with :class:`NotReady`."""
+        """Stop the threads; a computed batch is still answered, jobs still queued fail with
+        :class:`NotReady`."""
         self._stop.set()
+        deadline = time.monotonic() + timeout_s
         if self._thread is not None:
             self._thread.join(timeout_s)
+        if self._answer_thread is not None:
+            # queue.Full: the answer thread is stuck in an answer; abandon() answers its jobs
+            with contextlib.suppress(queue.Full):
+                self._computed.put(None, timeout=max(0.0, deadline - time.monotonic()))
+            self._answer_thread.join(max(0.0, deadline - time.monotonic()))
         self.abandon("server shutting down")
 
     def abandon(self, message: str) -> int:
         """Answer every queued and running job with :class:`NotReady` (``message``) now; return
         how many. A running engine call finishes in the thread, its answer is discarded."""
         pending = list(self._running)
+        with self._answering_lock:
+            pending += [job for computed in self._answering for job in computed.jobs]
         carry, self._carry = self._carry, None
         if carry is not None:
             pending.append(carry)
@@ -624,8 +663,9 @@ class BatchWorker:
         return rest
 
     def _compute_and_answer(self, jobs: list[Job]) -> None:
-        """Run the engine over ``jobs`` (checked between layers) and answer each; an engine error
-        fails them all (:class:`InferenceFailed`)."""
+        """Run the engine over ``jobs`` (checked between layers) and hand the outputs to the
+        answer thread (:meth:`_answer`); an engine error fails them all (:class:`InferenceFailed`).
+        """
         model = self.model
         k, seed = jobs[0].k, jobs[0].seed
         size = sum(job.size for job in jobs)
@@ -639,17 +679,46 @@ class BatchWorker:
                 probs, features = self._engine_call(model, x, k, generator)
             if probs.shape[:2] != (size, k):
                 raise RuntimeError(f"engine returned shape {tuple(probs.shape)}, expected B×K×C")
-            answers = predictions(probs, model, features)
         except CallStopped:
             raise
         except Exception as exc:
             self._fail(jobs, exc, size, time.perf_counter() - start)
             return
         seconds = time.perf_counter() - start
-        self.stats.record_call(size, len(jobs), seconds, ok=True)
         self._pass_seconds.append(seconds / (size * k))
+        computed = Computed(list(jobs), model, probs, features, size, seconds)
+        with self._answering_lock:
+            self._answering.append(computed)
+        self._computed.put(computed)  # waits while the answer thread has one batch waiting
+
+    def _answer_loop(self) -> None:
+        """The answer thread: answer each computed batch in turn until ``None``."""
+        while True:
+            computed = self._computed.get()
+            if computed is None:
+                return
+            try:
+                self._answer(computed)
+            except Exception:  # a bug while answering: never let the thread die
+                log.exception("worker: unexpected error while answering a batch")
+                for job in computed.jobs:
+                    settle(job.future, exc=InferenceFailed("internal error in the worker"))
+            finally:
+                with self._answering_lock:
+                    self._answering.remove(computed)
+
+    def _answer(self, computed: Computed) -> None:
+        """Build the :class:`Prediction` s of one engine call (its own model) and answer each job
+        with its rows; an error fails them all (:class:`InferenceFailed`)."""
+        jobs, probs, size = computed.jobs, computed.probs, computed.size
+        try:
+            answers = predictions(probs, computed.model, computed.features)
+        except Exception as exc:
+            self._fail(jobs, exc, size, computed.engine_seconds)
+            return
+        self.stats.record_call(size, len(jobs), computed.engine_seconds, ok=True)
         if self.metrics is not None:
-            self.metrics.observe_engine_call(size, seconds)
+            self.metrics.observe_engine_call(size, computed.engine_seconds)
             self.metrics.count_requests("succeeded", len(jobs))
             self.metrics.count_instances(size, sum(p.adversarial for p in answers))
         offset = 0

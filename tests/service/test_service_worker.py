@@ -16,7 +16,7 @@ from torch import nn
 
 from bayesgate.models.store.directory import load_model
 from bayesgate.service.engine import Engine, mc_engine
-from bayesgate.service.errors import NotReady
+from bayesgate.service.errors import InferenceFailed, NotReady
 from bayesgate.service.served_model import load_served_model
 from bayesgate.service.settings import Settings
 from bayesgate.service.worker import BatchWorker
@@ -221,3 +221,103 @@ async def test_worker_answers_match_the_engine_on_the_loaded_network(tiny_model_
     net = load_model(tiny_model_dir).network
     expected = mc_engine(net, x, 6, torch.Generator().manual_seed(5))
     assert torch.equal(torch.tensor([r.samples for r in rows]), expected)
+
+
+class _HeldAnswers:
+    """``predictions`` that waits, in the answer thread, until ``release`` is set (the real one
+    afterwards); records the thread that built each batch's answers."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import bayesgate.service.worker as worker_module
+
+        self.real = worker_module.predictions
+        self.holding = threading.Event()
+        self.release = threading.Event()
+        self.threads: list[str] = []
+        monkeypatch.setattr(worker_module, "predictions", self)
+
+    def __call__(self, probs: torch.Tensor, model: Any, features: Any = None) -> Any:
+        self.threads.append(threading.current_thread().name)
+        self.holding.set()
+        assert self.release.wait(10), "answers never released"
+        return self.real(probs, model, features)
+
+
+async def test_the_next_batch_computes_while_the_last_one_is_answered(
+    tiny_model_dir: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine runs batch 2 while batch 1's answers are still being built (held here): the
+    answers are built by another thread than the engine's, and each request gets its own."""
+    held = _HeldAnswers(monkeypatch)
+    engine_threads: list[str] = []
+
+    def engine(network: nn.Module, x: torch.Tensor, k: int, g: Any, **kw: Any) -> Any:
+        engine_threads.append(threading.current_thread().name)
+        return mc_engine(network, x, k, g, **kw)
+
+    worker = BatchWorker(load_served_model(tiny_model_dir, "cpu"), max_queue_delay_s=0.0)
+    worker.engine = engine
+    worker.start()
+    x = torch.rand(2, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+    try:
+        first = asyncio.ensure_future(worker.predict(x[:1], 4, seed=1, return_samples=True))
+        await wait_for(held.holding.is_set)
+        second = asyncio.ensure_future(worker.predict(x[1:], 4, seed=2, return_samples=True))
+        await wait_for(lambda: len(engine_threads) == 2)  # computed while batch 1 is held
+        assert not first.done() and not second.done()
+        held.release.set()
+        rows = await first, await second
+    finally:
+        held.release.set()
+        worker.stop()
+    assert engine_threads == ["bayesgate-worker"] * 2
+    assert held.threads == ["bayesgate-answers"] * 2
+    net = load_model(tiny_model_dir).network
+    for row, b, seed in ((rows[0], 0, 1), (rows[1], 1, 2)):
+        expected = mc_engine(net, x[b : b + 1], 4, torch.Generator().manual_seed(seed))
+        assert torch.equal(torch.tensor([r.samples for r in row]), expected)
+
+
+async def test_abandon_and_stop_answer_a_batch_waiting_for_its_answers(
+    tiny_model_dir: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    held = _HeldAnswers(monkeypatch)
+    worker = BatchWorker(load_served_model(tiny_model_dir, "cpu"), max_queue_delay_s=0.0)
+    worker.start()
+    try:
+        waiting = asyncio.ensure_future(worker.predict(torch.zeros(1, 1, 28, 28), 2))
+        await wait_for(held.holding.is_set)
+        assert worker.abandon("draining") == 1  # computed, its answers not built yet
+        with pytest.raises(NotReady, match="draining"):
+            await waiting
+    finally:
+        held.release.set()
+        worker.stop(timeout_s=5.0)
+    assert worker._answer_thread is not None and not worker._answer_thread.is_alive()
+    assert worker._answering == []
+
+
+async def test_an_error_while_answering_fails_only_that_batch(
+    tiny_model_dir: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import bayesgate.service.worker as worker_module
+
+    real = worker_module.predictions
+    failures = iter([True, False])
+
+    def flaky(probs: torch.Tensor, model: Any, features: Any = None) -> Any:
+        if next(failures):
+            raise ValueError("scores broke")
+        return real(probs, model, features)
+
+    monkeypatch.setattr(worker_module, "predictions", flaky)
+    worker = BatchWorker(load_served_model(tiny_model_dir, "cpu"), max_queue_delay_s=0.0)
+    worker.start()
+    try:
+        with pytest.raises(InferenceFailed, match="ValueError: scores broke"):
+            await worker.predict(torch.zeros(1, 1, 28, 28), 2)
+        assert len(await worker.predict(torch.zeros(3, 1, 28, 28), 2)) == 3
+    finally:
+        worker.stop()
+    snapshot = worker.stats.snapshot()
+    assert (snapshot["requests_failed"], snapshot["requests_succeeded"]) == (1, 1)
