@@ -10,6 +10,16 @@ read that releases the GIL — so the forward never competes with the event loop
     PYTHONPATH=bench/engine_process_proto BAYESGATE_ENGINE_PROCESS=1 \\
         python bench/load.py --protocols "/v2 binary" --duration 10
 
+``BAYESGATE_ENGINE_PROCESS=pipelined``: as ``1``, and the worker thread builds the answers of
+one batch while the child computes the next: it sends batch N+1 to the child, then answers batch N
+(whose results it has), then waits for N+1's; a batch's answers wait for the next batch only while
+more work is queued (with an empty queue they are answered at once).
+
+``BAYESGATE_ENGINE_OVERLAP=1`` (without a child process): the engine stays in the worker thread,
+and a second thread builds the answers of batch N while the worker computes batch N+1 (a queue of
+one batch between them). Measured against main at ``b96881f``; the service's worker has done
+this itself since (``service/worker.py``'s answer thread), so on later code it changes nothing.
+
 ``BAYESGATE_ENGINE_PROCESS=answers``: the child also builds the answers
 (:func:`~bayesgate.service.prediction.predictions`: uncertainty summary, detector scores, one
 ``Prediction`` per image) and sends them back pickled; the worker's own ``predictions`` call
@@ -102,6 +112,27 @@ class ProcessEngine:
             raise RuntimeError("engine process did not start")
         self._lock = threading.Lock()
 
+    def send(self, x, k, seed, features) -> None:
+        import torch
+
+        x = x.detach().to("cpu", torch.float32).contiguous()
+        features = tuple(features) if features and features is not True else features
+        self._conn.send(((tuple(x.shape), k, seed, features), x.numpy().tobytes()))
+
+    def receive(self, features):
+        import torch
+
+        from bayesgate.models.mc.engine import MCFeaturePrediction
+
+        reply = self._conn.recv()
+        if reply[0] != "ok":
+            raise RuntimeError(f"engine process: {reply[1]}")
+        probs = torch.from_numpy(reply[1])
+        if not features:
+            return probs
+        feats = {name: torch.from_numpy(a) for name, a in (reply[2] or {}).items()}
+        return MCFeaturePrediction(probs, probs, feats)
+
     def __call__(self, network, x, k, generator, *, features=False):
         import torch
 
@@ -109,6 +140,7 @@ class ProcessEngine:
 
         seed = None if generator is None else generator.initial_seed()
         x = x.detach().to("cpu", torch.float32).contiguous()
+        features = tuple(features) if features and features is not True else features
         with self._lock:
             self._conn.send(((tuple(x.shape), k, seed, features), x.numpy().tobytes()))
             reply = self._conn.recv()
@@ -144,6 +176,138 @@ class Traced:
 _ANSWERS = threading.local()  # .built: answers the child built for the last engine call
 
 
+def _install_overlap() -> None:
+    """In-thread engine; the answers built by a second thread (prototype: abandon() does not
+    see the batch waiting for its answers)."""
+    import queue as queue_module
+    import threading as threading_module
+    import time as time_module
+
+    import torch
+
+    from bayesgate.service import worker as worker_module
+    from bayesgate.service.engine import CallStopped, checkpoints
+
+    cls = worker_module.BatchWorker
+
+    def _answers_loop(self):
+        while True:
+            item = self._answer_q.get()
+            if item is None:
+                return
+            try:
+                _answer_batch(self, *item)
+            except Exception:
+                worker_module.log.exception("answer thread")
+
+    def _compute_and_answer(self, jobs):
+        if getattr(self, "_answer_q", None) is None:
+            self._answer_q = queue_module.Queue(maxsize=1)
+            threading_module.Thread(
+                target=_answers_loop, args=(self,), name="bayesgate-answers", daemon=True
+            ).start()
+        model = self.model
+        k, seed = jobs[0].k, jobs[0].seed
+        size = sum(job.size for job in jobs)
+        start = time_module.perf_counter()
+        try:
+            x = torch.cat([job.x for job in jobs]).to(model.device)
+            generator = None
+            if seed is not None:
+                generator = torch.Generator(device=model.device).manual_seed(seed)
+            with checkpoints(model.network, lambda: self._check(jobs)):
+                probs, features = self._engine_call(model, x, k, generator)
+        except CallStopped:
+            raise
+        except Exception as exc:
+            self._fail(jobs, exc, size, time_module.perf_counter() - start)
+            return
+        self._answer_q.put((jobs, probs, features, start, size, k))
+
+    cls._compute_and_answer = _compute_and_answer
+
+
+def _answer_batch(self, jobs, probs, feats, start, size, k):
+    """The worker's answer step (``predictions``, stats, settle), as after its engine call."""
+    import time as time_module
+    from dataclasses import replace
+
+    from bayesgate.service import worker as worker_module
+    from bayesgate.service.worker import settle
+
+    try:
+        answers = worker_module.predictions(probs, self.model, feats)
+    except Exception as exc:
+        self._fail(jobs, exc, size, time_module.perf_counter() - start)
+        return
+    seconds = time_module.perf_counter() - start
+    self.stats.record_call(size, len(jobs), seconds, ok=True)
+    self._pass_seconds.append(seconds / (size * k))
+    if self.metrics is not None:
+        self.metrics.observe_engine_call(size, seconds)
+        self.metrics.count_requests("succeeded", len(jobs))
+        self.metrics.count_instances(size, sum(p.adversarial for p in answers))
+    offset = 0
+    for job in jobs:
+        rows = answers[offset : offset + job.size]
+        if job.return_samples:
+            samples = probs[offset : offset + job.size].float().cpu().tolist()
+            rows = [replace(p, samples=s) for p, s in zip(rows, samples, strict=True)]
+        offset += job.size
+        settle(job.future, rows)
+
+
+def _install_pipelined() -> None:
+    """The worker sends batch N+1 before answering batch N (prototype: no stops, no errors
+    beyond failing the batch)."""
+    import queue as queue_module
+    import time as time_module
+
+    import torch
+
+    from bayesgate.service import worker as worker_module
+
+    cls = worker_module.BatchWorker
+
+    def _compute_and_answer(self, jobs):
+        model = self.model
+        k, seed = jobs[0].k, jobs[0].seed
+        size = sum(job.size for job in jobs)
+        start = time_module.perf_counter()
+        x = torch.cat([job.x for job in jobs])
+        features = model.detector.layers if model.detector is not None else False
+        self.engine.send(x, k, seed, features)
+        pending, self._pending = getattr(self, "_pending", None), None
+        if pending is not None:
+            _answer_batch(self, *pending)
+        out = self.engine.receive(features)
+        probs, feats = (out.probs, out.features) if features else (out, None)
+        self._pending = (jobs, probs, feats, start, size, k)
+
+    def _flush(self):
+        pending, self._pending = getattr(self, "_pending", None), None
+        if pending is not None:
+            _answer_batch(self, *pending)
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                batch = self._gather()
+            except queue_module.Empty:
+                _flush(self)
+                continue
+            try:
+                self._process(batch)
+            except Exception:
+                worker_module.log.exception("worker: unexpected error while processing a batch")
+            if self._carry is None and self._queue.empty():
+                _flush(self)
+        _flush(self)
+
+    cls._compute_and_answer = _compute_and_answer
+    cls._run = _run
+
+
 def _install(process: bool, trace: str | None) -> None:
     from bayesgate.service import app as app_module
     from bayesgate.service import worker as worker_module
@@ -174,7 +338,11 @@ def _install(process: bool, trace: str | None) -> None:
     app_module.start_worker = start_worker
 
 
-_PROCESS = os.environ.get("BAYESGATE_ENGINE_PROCESS") in ("1", "answers")
+if os.environ.get("BAYESGATE_ENGINE_OVERLAP") == "1" and "serve" in sys.argv[1:]:
+    _install_overlap()
+_PROCESS = os.environ.get("BAYESGATE_ENGINE_PROCESS") in ("1", "answers", "pipelined")
 _TRACE = os.environ.get("BAYESGATE_ENGINE_TRACE")
 if (_PROCESS or _TRACE) and "serve" in sys.argv[1:]:
     _install(_PROCESS, _TRACE)
+    if os.environ.get("BAYESGATE_ENGINE_PROCESS") == "pipelined":
+        _install_pipelined()
