@@ -14,7 +14,8 @@ is a no-op. The command of each run is fixed here: ``--resume`` refuses other se
     python bench/long_runs.py export NAME OUT_DIR --last  # … with the last epoch's weights
 
 ``start`` runs the ``bayesgate`` next to this Python (your venv) with ``BAYESGATE_DATA_DIR`` from
-the environment; output is appended to ``NAME/train.log``. Starting the same run twice is refused
+the environment (``start`` and ``queue`` refuse, starting nothing, when the runs' data is not
+there); output is appended to ``NAME/train.log``. Starting the same run twice is refused
 while its pid is alive. ``queue`` leaves a detached scheduler (``queue.log`` beside the runs) that
 starts the next run whenever fewer than ``--jobs`` long runs are alive; ``stop`` without names
 stops it and every run. A MNIST run ends when its validation LL has not improved for ``PATIENCE``
@@ -306,11 +307,45 @@ def lowest_group_priority(pid: int) -> bool:
     return True
 
 
+def missing_data(runs: list[Run]) -> str | None:
+    """Why ``runs`` cannot start here, or ``None``: a MNIST run needs the four MNIST files in
+    ``$BAYESGATE_DATA_DIR/mnist`` (or the user cache), a UCI sweep its dataset's folder. Checked
+    before anything starts, so a missing variable is one message, not one failed run after another
+    (training would try to download MNIST, and a machine without internet fails each run)."""
+    from bayesgate.models.data.mnist import MNIST_FILES, data_dir, find_mnist_file, mnist_dir
+
+    root = data_dir()
+    where = "BAYESGATE_DATA_DIR" if os.environ.get("BAYESGATE_DATA_DIR") else "the user cache"
+    if any(run.command == "train" for run in runs):
+        folder = mnist_dir(root)
+        absent = [name for name in MNIST_FILES if find_mnist_file(folder, name) is None]
+        if absent:
+            return f"no MNIST {', '.join(absent)} in {folder} ({where}); set BAYESGATE_DATA_DIR"
+    for run in runs:
+        if run.command == "uci":
+            dataset = run.flags[run.flags.index("--dataset") + 1]
+            if not (root / "uci" / dataset).is_dir():
+                return f"{run.name}: no UCI folder {root / 'uci' / dataset} ({where})"
+    return None
+
+
+def last_line(path: Path) -> str:
+    """The last non-empty line of a text file ('' if none), for saying why a run ended."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return next((line.strip() for line in reversed(lines) if line.strip()), "")
+
+
 def start(runs: list[Run]) -> int:
     """Start each run not already running and not finished, at ``nice 19`` with one thread."""
     bayesgate = str(Path(sys.executable).with_name("bayesgate"))
     if not Path(bayesgate).exists():
         print(f"long_runs: no bayesgate next to {sys.executable}", file=sys.stderr)
+        return 2
+    if (problem := missing_data([r for r in runs if not finished(r)])) is not None:
+        print(f"long_runs: {problem}", file=sys.stderr)
         return 2
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for run in runs:
@@ -360,6 +395,9 @@ def queue(runs: list[Run], jobs: int, poll: float) -> int:
     if (pid := queue_alive()) is not None:
         print(f"long_runs: a queue is already running (pid {pid}); `stop` ends it", file=sys.stderr)
         return 1
+    if (problem := missing_data([r for r in runs if not finished(r)])) is not None:
+        print(f"long_runs: {problem}", file=sys.stderr)
+        return 2
     CACHE.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, str(Path(__file__).resolve()), "drain", "--jobs", str(jobs)]
     with open(QUEUE_LOG, "ab") as log:
@@ -388,7 +426,10 @@ def drain(runs: list[Run], jobs: int, poll: float) -> int:
         for run in runs:
             if run.name in started and run not in alive and run.name not in reported:
                 reported.add(run.name)
-                verdict = "ended" if finished(run) else "ended UNFINISHED (see its train.log)"
+                verdict = "ended"
+                if not finished(run):
+                    why = last_line(run.checkpoint / "train.log")
+                    verdict = f"ended UNFINISHED (train.log: {why[:300] or 'empty'})"
                 print(f"{time.strftime('%H:%M:%S')} {run.name}: {verdict}", flush=True)
         waiting = [r for r in runs if r.name not in started and r not in alive and not finished(r)]
         if not waiting and not any(run in alive for run in runs):

@@ -359,3 +359,44 @@ def test_a_live_queue_is_seen_refused_twice_and_ended_by_stop(
     finally:
         child.kill()
         child.wait()
+
+
+def test_runs_without_their_data_are_refused_before_anything_starts(
+    private_user_cache: Path, mnist_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """``start`` and ``queue`` name the missing MNIST files (or UCI folder) and the variable to set,
+    and start nothing; with the data in place the same check passes."""
+    long_runs = load_long_runs()
+    empty = tmp_path / "empty-data"
+    (empty / "mnist").mkdir(parents=True)
+    (empty / "mnist" / "train-images-idx3-ubyte.gz").write_bytes(b"")  # one of the four
+    monkeypatch.setenv("BAYESGATE_DATA_DIR", str(empty))
+    for command in ("start", "queue"):
+        assert long_runs.main([command, "cnn-det-long-seed2"]) == 2
+        err = capsys.readouterr().err
+        assert "no MNIST train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz" in err
+        assert "train-images" not in err and "BAYESGATE_DATA_DIR" in err
+    assert not long_runs.RUNS["cnn-det-long-seed2"].checkpoint.exists()
+    assert long_runs.queue_alive() is None
+    uci = long_runs.RUNS["uci-yacht-learned-tau"]
+    assert long_runs.missing_data([uci]) == (
+        f"uci-yacht-learned-tau: no UCI folder {empty / 'uci' / 'yacht'} (BAYESGATE_DATA_DIR)"
+    )
+    monkeypatch.setenv("BAYESGATE_DATA_DIR", str(mnist_root))
+    assert long_runs.missing_data([long_runs.RUNS["cnn-det-long-seed2"], uci]) is None
+
+
+def test_a_run_that_ends_unfinished_is_reported_with_the_last_line_of_its_log(
+    private_user_cache: Path, mnist_root: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """A run whose ``bayesgate train`` fails says why in the queue's log, not only "see the log"."""
+    monkeypatch.setenv("BAYESGATE_DATA_DIR", str(mnist_root))
+    long_runs = load_long_runs()
+    flags = ("--preset", "no-such-preset", "--epochs", "2", "--no-progress")
+    run = long_runs.Run("tiny-broken", "train", flags, 17)
+    monkeypatch.setattr(long_runs, "RUNS", {run.name: run})
+    assert long_runs.main(["drain", "--jobs", "1", "--poll", "0.2", run.name]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "tiny-broken: ended" in x)
+    assert "ended UNFINISHED (train.log: " in line and "no-such-preset" in line
