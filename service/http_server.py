@@ -40,11 +40,19 @@ _adopting: set[asyncio.Task[Any]] = set()  # connections being handed to the pro
 DRAINING_H11 = "bayesgate.service.http_server:DrainingH11Protocol"
 
 
-class DrainingH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol, except that shutdown does not close a connection between requests
-    at once: it gets the keep-alive timeout to send one last request, answered and closed."""
+class DrainOnShutdown:
+    """A uvicorn HTTP protocol's ``shutdown`` that does not close a connection between requests
+    at once: it gets the keep-alive timeout to send one last request, answered with
+    ``Connection: close`` (the protocol sets ``cycle.keep_alive = False`` while ``closing``).
+    Mixed into both parsers' protocols, before uvicorn's class."""
 
     closing = False
+    cycle: Any
+    transport: Any
+    loop: Any
+    timeout_keep_alive: float
+    timeout_keep_alive_task: Any
+    timeout_keep_alive_handler: Any  # annotations only: uvicorn's class has the attributes
 
     def shutdown(self) -> None:
         if self.cycle is not None and not self.cycle.response_complete:
@@ -57,6 +65,11 @@ class DrainingH11Protocol(H11Protocol):
             self.timeout_keep_alive_task = self.loop.call_later(
                 self.timeout_keep_alive, self.timeout_keep_alive_handler
             )
+
+
+class DrainingH11Protocol(DrainOnShutdown, H11Protocol):
+    """uvicorn's h11 protocol, except that shutdown does not close a connection between requests
+    at once: it gets the keep-alive timeout to send one last request, answered and closed."""
 
     def handle_events(self) -> None:
         super().handle_events()

@@ -12,8 +12,8 @@ uvicorn's h11 parser costs about 0.13 ms per request, httptools about 0.04 ms
   waiting for the rest of the head.
 
 A complete head within both limits reaches the app, whose middleware checks the header count and
-bytes again exactly (431, ``Connection: close``), as with h11. Shutdown is h11's
-(:class:`~bayesgate.service.http_server.DrainingH11Protocol`): a connection between requests is
+bytes again exactly (431, ``Connection: close``), as with h11. Shutdown is the same as
+with h11 (:class:`~bayesgate.service.http_server.DrainOnShutdown`): a connection between requests is
 kept for the keep-alive timeout and its last request answered with ``Connection: close``.
 """
 
@@ -24,6 +24,7 @@ import json
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from bayesgate.service.errors import error_body
+from bayesgate.service.http_server import DrainOnShutdown
 
 # uvicorn's Config(http=...) takes an import string; the worker processes import it themselves.
 BOUNDED_HTTPTOOLS = "bayesgate.service.httptools_protocol:BoundedHttpToolsProtocol"
@@ -54,10 +55,10 @@ def too_large_response(message: str) -> bytes:
     ) + body
 
 
-class BoundedHttpToolsProtocol(HttpToolsProtocol):
-    """httptools with bounded request heads and a shutdown that resets no waiting request."""
+class BoundedHttpToolsProtocol(DrainOnShutdown, HttpToolsProtocol):
+    """httptools with bounded request heads and a shutdown that resets no waiting request
+    (:class:`~bayesgate.service.http_server.DrainOnShutdown`)."""
 
-    closing = False
     _awaiting_head = True  # a new connection's first bytes are a head
     _head_bytes = 0
     _head_count = 0
@@ -121,17 +122,3 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self.logger.warning("request head refused: %s", message)
         self.transport.write(too_large_response(message))
         self.transport.close()
-
-    def shutdown(self) -> None:
-        """As :meth:`DrainingH11Protocol.shutdown`: a connection between requests gets the
-        keep-alive timeout to send one last request, answered with ``Connection: close``."""
-        if self.cycle is not None and not self.cycle.response_complete:
-            self.cycle.keep_alive = False  # in the middle of a request: as uvicorn does
-            return
-        if self.transport.is_closing():
-            return
-        self.closing = True
-        if self.timeout_keep_alive_task is None:  # never sent a request: no timer running yet
-            self.timeout_keep_alive_task = self.loop.call_later(
-                self.timeout_keep_alive, self.timeout_keep_alive_handler
-            )
