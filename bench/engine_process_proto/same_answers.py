@@ -1,7 +1,7 @@
 """The prototype computes what the in-thread engine computes: one seeded ``/v1/predict`` request
 (three MNIST test images, K = 10, seed 7) to a server per mode — in-thread engine,
-``BAYESGATE_ENGINE_PROCESS=1``, ``=answers`` and ``=pipelined``, ``BAYESGATE_ENGINE_OVERLAP=1``
-— and the answers compared whole (request id aside).
+``BAYESGATE_ENGINE_PROCESS=1``, ``=answers`` and ``=pipelined`` — and the answers compared whole
+(request id aside).
 
     PYTHONPATH=bench/engine_process_proto python bench/engine_process_proto/same_answers.py
 """
@@ -16,14 +16,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import load
 
-MODES = ("thread", "1", "answers", "pipelined", "overlap")
+MODES = ("thread", "1", "answers", "pipelined")
 
 
 def answer(mode: str, body: bytes) -> dict:
     env = {"BAYESGATE_LOG_LEVEL": "warning", "BAYESGATE_NUM_THREADS": "1"}
-    if mode == "overlap":
-        env["BAYESGATE_ENGINE_OVERLAP"] = "1"
-    elif mode != "thread":
+    if mode != "thread":
         env["BAYESGATE_ENGINE_PROCESS"] = mode
     with load.Server(load.BUNDLED, load.free_port(), env) as server:
         server.wait_ready()

@@ -15,10 +15,10 @@ one batch while the child computes the next: it sends batch N+1 to the child, th
 (whose results it has), then waits for N+1's; a batch's answers wait for the next batch only while
 more work is queued (with an empty queue they are answered at once).
 
-``BAYESGATE_ENGINE_OVERLAP=1`` (without a child process): the engine stays in the worker thread,
-and a second thread builds the answers of batch N while the worker computes batch N+1 (a queue of
-one batch between them). Measured against main at ``b96881f``; the service's worker has done
-this itself since (``service/worker.py``'s answer thread), so on later code it changes nothing.
+(``BAYESGATE_ENGINE_OVERLAP=1``, the engine in the worker thread and the answers in a second one,
+was measured against main at ``b96881f`` and then built into ``service/worker.py`` as its answer
+thread; the prototype was removed after that: run it from ``55c6af6``'s parent to repeat the
+measurement.)
 
 ``BAYESGATE_ENGINE_PROCESS=answers``: the child also builds the answers
 (:func:`~bayesgate.service.prediction.predictions`: uncertainty summary, detector scores, one
@@ -40,9 +40,9 @@ sending the batch, waiting, reading the answer), in ``<prefix>.<server pid>.chil
 
 from __future__ import annotations
 
+import collections
 import os
 import sys
-import threading
 import time
 
 
@@ -148,7 +148,7 @@ class ProcessEngine:
             raise RuntimeError(f"engine process: {reply[1]}")
         probs = torch.from_numpy(reply[1])
         if reply[3] is not None:
-            _ANSWERS.built = reply[3]  # taken by the worker's next predictions() call
+            _ANSWERS.append(reply[3])  # taken by the next predictions() call, in call order
         if not features:
             return probs
         feats = {name: torch.from_numpy(a) for name, a in (reply[2] or {}).items()}
@@ -173,88 +173,9 @@ class Traced:
         return out
 
 
-_ANSWERS = threading.local()  # .built: answers the child built for the last engine call
-
-
-def _install_overlap() -> None:
-    """In-thread engine; the answers built by a second thread (prototype: abandon() does not
-    see the batch waiting for its answers)."""
-    import queue as queue_module
-    import threading as threading_module
-    import time as time_module
-
-    import torch
-
-    from bayesgate.service import worker as worker_module
-    from bayesgate.service.engine import CallStopped, checkpoints
-
-    cls = worker_module.BatchWorker
-
-    def _answers_loop(self):
-        while True:
-            item = self._answer_q.get()
-            if item is None:
-                return
-            try:
-                _answer_batch(self, *item)
-            except Exception:
-                worker_module.log.exception("answer thread")
-
-    def _compute_and_answer(self, jobs):
-        if getattr(self, "_answer_q", None) is None:
-            self._answer_q = queue_module.Queue(maxsize=1)
-            threading_module.Thread(
-                target=_answers_loop, args=(self,), name="bayesgate-answers", daemon=True
-            ).start()
-        model = self.model
-        k, seed = jobs[0].k, jobs[0].seed
-        size = sum(job.size for job in jobs)
-        start = time_module.perf_counter()
-        try:
-            x = torch.cat([job.x for job in jobs]).to(model.device)
-            generator = None
-            if seed is not None:
-                generator = torch.Generator(device=model.device).manual_seed(seed)
-            with checkpoints(model.network, lambda: self._check(jobs)):
-                probs, features = self._engine_call(model, x, k, generator)
-        except CallStopped:
-            raise
-        except Exception as exc:
-            self._fail(jobs, exc, size, time_module.perf_counter() - start)
-            return
-        self._answer_q.put((jobs, probs, features, start, size, k))
-
-    cls._compute_and_answer = _compute_and_answer
-
-
-def _answer_batch(self, jobs, probs, feats, start, size, k):
-    """The worker's answer step (``predictions``, stats, settle), as after its engine call."""
-    import time as time_module
-    from dataclasses import replace
-
-    from bayesgate.service import worker as worker_module
-    from bayesgate.service.worker import settle
-
-    try:
-        answers = worker_module.predictions(probs, self.model, feats)
-    except Exception as exc:
-        self._fail(jobs, exc, size, time_module.perf_counter() - start)
-        return
-    seconds = time_module.perf_counter() - start
-    self.stats.record_call(size, len(jobs), seconds, ok=True)
-    self._pass_seconds.append(seconds / (size * k))
-    if self.metrics is not None:
-        self.metrics.observe_engine_call(size, seconds)
-        self.metrics.count_requests("succeeded", len(jobs))
-        self.metrics.count_instances(size, sum(p.adversarial for p in answers))
-    offset = 0
-    for job in jobs:
-        rows = answers[offset : offset + job.size]
-        if job.return_samples:
-            samples = probs[offset : offset + job.size].float().cpu().tolist()
-            rows = [replace(p, samples=s) for p, s in zip(rows, samples, strict=True)]
-        offset += job.size
-        settle(job.future, rows)
+# Answers the child built, one entry per engine call in call order. A FIFO, not a thread-local: the
+# worker's answer thread (service/worker.py), not the thread that made the call, builds answers.
+_ANSWERS: collections.deque = collections.deque()
 
 
 def _install_pipelined() -> None:
@@ -279,15 +200,17 @@ def _install_pipelined() -> None:
         self.engine.send(x, k, seed, features)
         pending, self._pending = getattr(self, "_pending", None), None
         if pending is not None:
-            _answer_batch(self, *pending)
+            self._answer(pending)  # the worker's own answer step, in this thread
         out = self.engine.receive(features)
         probs, feats = (out.probs, out.features) if features else (out, None)
-        self._pending = (jobs, probs, feats, start, size, k)
+        seconds = time_module.perf_counter() - start
+        self._pass_seconds.append(seconds / (size * k))
+        self._pending = worker_module.Computed(list(jobs), model, probs, feats, size, seconds)
 
     def _flush(self):
         pending, self._pending = getattr(self, "_pending", None), None
         if pending is not None:
-            _answer_batch(self, *pending)
+            self._answer(pending)
 
     def _run(self):
         while not self._stop.is_set():
@@ -315,11 +238,9 @@ def _install(process: bool, trace: str | None) -> None:
     build = worker_module.predictions
 
     def predictions(probs, model, features=None):
-        built = getattr(_ANSWERS, "built", None)
-        if built is None:
+        if not _ANSWERS:
             return build(probs, model, features)
-        _ANSWERS.built = None
-        return built
+        return _ANSWERS.popleft()
 
     worker_module.predictions = predictions
 
@@ -338,8 +259,6 @@ def _install(process: bool, trace: str | None) -> None:
     app_module.start_worker = start_worker
 
 
-if os.environ.get("BAYESGATE_ENGINE_OVERLAP") == "1" and "serve" in sys.argv[1:]:
-    _install_overlap()
 _PROCESS = os.environ.get("BAYESGATE_ENGINE_PROCESS") in ("1", "answers", "pipelined")
 _TRACE = os.environ.get("BAYESGATE_ENGINE_TRACE")
 if (_PROCESS or _TRACE) and "serve" in sys.argv[1:]:
