@@ -9,7 +9,10 @@ batch size the
 batching server reported in ``/v1/stats``. All processes use ``--threads`` torch threads.
 
 Prints throughput and p50/p95/p99 latency per mode and the ratios measured in this run:
-batching ÷ no batching (target ≥ 3 at 32 clients) and service ÷ engine (target ≥ 0.5).
+batching ÷ no batching (target ≥ 3 at 32 clients), service ÷ engine at the same mean batch
+(target ≥ 0.6) and the server's CPU per image outside the model (server CPU − engine CPU at that
+batch; target ≤ 0.25 ms for ``/v2 binary``). The engine row is ``mc_predict`` alone: without the
+detector's features or the worker's stop checks.
 
     python bench/load.py --duration 10             # bundled model, or an untrained CNN stand-in
     python bench/load.py --model-dir runs/cnn --clients 32 --k 10 --json bench.json
@@ -386,8 +389,9 @@ def _row(
         "mean_batch": instances / calls if calls else 0.0,
         "cpu_ms_per_request": 1000 * cpu / done if done else float("nan"),
         "cpu_share": cpu / wall,
-        # the worker's engine calls (engine + answer), wall time: per image, and the share of
-        # the run the worker spent in them (1 = it never waited for work)
+        # the worker's engine calls (the answers are built beside them, in the answer thread,
+        # since 55c6af6), wall time: per image, and the share of the run the worker spent in
+        # them (1 = it never waited for work)
         "worker_ms_per_image": 1000 * compute / instances if instances else float("nan"),
         "worker_busy": compute / wall,
     }
