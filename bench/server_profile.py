@@ -128,12 +128,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     p.add_argument("--top", type=int, default=15)
     p.add_argument("--raw", type=Path, default=None, help="keep py-spy's collapsed stacks here")
+    p.add_argument(
+        "--model-dir", type=Path, default=load.BUNDLED, help="model to serve (default: bundled)"
+    )
     load.add_load_options(p, per="run", threads_help="torch threads of the server")
     args = p.parse_args(argv)
     if not 0 < args.duration <= load.MAX_DURATION_S:
         p.error(f"need 0 < --duration ≤ {load.MAX_DURATION_S}")
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    card = json.loads((load.BUNDLED / "card.json").read_text())
+    card = json.loads((args.model_dir / "card.json").read_text())
     name, protocol, bodies = load.workloads(
         load.mnist_images(64), args.k, card["name"], [args.protocol]
     )[0]
@@ -151,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             load.drive(port, bodies, args.clients, seconds, 10**9, protocol=protocol)
         )
 
-    with tempfile.TemporaryDirectory() as tmp, load.Server(load.BUNDLED, port, env) as server:
+    with tempfile.TemporaryDirectory() as tmp, load.Server(args.model_dir, port, env) as server:
         server.wait_ready()
         go(1.0)  # warm-up
         raw = args.raw or Path(tmp) / "stacks.txt"
