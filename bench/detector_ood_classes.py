@@ -10,7 +10,10 @@ the original digit (a rotation-invariant digit, such as most 0s, is a plausible 
 fraction **no individual score flags** at its own 5 % threshold (predictive entropy, mutual
 information, variation ratio, every Mahalanobis distance, −log KD, the logit). The latter is a
 rough ceiling for rules built from these scores at that FPR: an image every score ranks among the
-clean validation digits' bottom 95 % is flagged by none of them.
+clean validation digits' bottom 95 % is flagged by none of them. ``fused_not_as_itself`` is the
+fused flag's rate among the images the network does *not* classify as their original digit
+(``n_not_as_itself`` of them): the flag rate on the images that are not a plausible digit of
+their own class.
 """
 
 from __future__ import annotations
@@ -54,26 +57,26 @@ def main() -> None:
     same = (predictive_mean(probs).argmax(dim=1) == y).numpy()
     y = y.numpy()
     rows = {}
-    for c in range(len(loaded.card.classes)):
-        m = y == c
-        rows[str(c)] = {
+    groups = {str(c): y == c for c in range(len(loaded.card.classes))}
+    groups["all"] = np.ones_like(y, dtype=bool)
+    for name, m in groups.items():
+        other = m & ~same  # not classified as the digit it was made from
+        rows[name] = {
             "n": int(m.sum()),
             "classified_as_itself": float(same[m].mean()),
             "flagged_by_no_score": float(none[m].mean()),
             **{n: float(f[m].mean()) for n, f in flags.items()},
+            "n_not_as_itself": int(other.sum()),
+            "fused_not_as_itself": float(flags[FUSED][other].mean()) if other.any() else None,
         }
-    rows["all"] = {
-        "n": int(y.size),
-        "classified_as_itself": float(same.mean()),
-        "flagged_by_no_score": float(none.mean()),
-        **{n: float(f.mean()) for n, f in flags.items()},
-    }
     cols = [FUSED, "predictive_entropy", "mahalanobis_penultimate", "neg_log_kde"]
-    print("digit   n  as-itself  no-score  " + "  ".join(cols))
+    print("digit   n  as-itself  no-score  " + "  ".join(cols) + "  fused|not-itself (n)")
     for c, r in rows.items():
+        among = r["fused_not_as_itself"]
         print(
             f"{c:>5} {r['n']:>4}  {r['classified_as_itself']:.3f}  {r['flagged_by_no_score']:.3f}  "
-            + "  ".join(f"{r[n]:.3f}" for n in cols)
+            + "  ".join(f"{r.get(n, float('nan')):.3f}" for n in cols)
+            + f"  {'–' if among is None else f'{among:.3f}'} ({r['n_not_as_itself']})"
         )
     if args.json:
         args.json.write_text(json.dumps({"ood": args.ood, "rows": rows}, indent=1) + "\n")
