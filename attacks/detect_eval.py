@@ -104,7 +104,8 @@ class DetectionEval:
     seconds: dict[str, float]
 
     def rows(self) -> list[dict[str, Any]]:
-        """One JSON-ready row per set: counts and, per score, AUROC / TPR / FPR at threshold."""
+        """One JSON-ready row per set: counts and, per score, AUROC, TPR / FPR at the threshold,
+        TPR at 5 % clean FPR and clean FPR at 95 % TPR (the usual OOD operating point)."""
         out = []
         for s in self.sets:
             per_score = {
@@ -133,7 +134,14 @@ class DetectionEval:
 
 def _metrics(clean: np.ndarray, pos: np.ndarray, threshold: float | None) -> dict[str, Any]:
     m = detection_metrics(clean, pos, threshold)
-    keep = ("auroc", "tpr_at_threshold", "fpr_at_threshold", "tpr_at_5fpr", "mean_adversarial")
+    keep = (
+        "auroc",
+        "tpr_at_threshold",
+        "fpr_at_threshold",
+        "tpr_at_5fpr",
+        "fpr_at_95tpr",
+        "mean_adversarial",
+    )
     return {k: m[k] for k in keep if k in m}
 
 

@@ -43,6 +43,7 @@ CSV_FIELDS = (
     "tpr_at_threshold",
     "fpr_at_threshold",
     "tpr_at_5fpr",
+    "fpr_at_95tpr",
 )
 
 
@@ -92,7 +93,8 @@ def _fmt(value: Any, digits: int = 3) -> str:
 
 
 def markdown_tables(data: dict[str, Any]) -> str:
-    """AUROC per score, TPR at the calibrated thresholds per score, and the clean test FPRs."""
+    """AUROC per score, TPR at the calibrated thresholds, clean FPR at 95 % TPR per score, and the
+    clean test FPRs."""
     rows = data["rows"]
     scores = [s for s in TABLE_SCORES if s in data["thresholds"] or s in rows[0]["scores"]]
     head = "| set | success | positives | " + " | ".join(SHORT[s] for s in scores) + " |"
@@ -113,6 +115,16 @@ def markdown_tables(data: dict[str, Any]) -> str:
     lines += ["", "**Flagged at the calibrated threshold (TPR)**", "", head, rule]
     for row in rows:
         lines.append(_row(row, scores, "tpr_at_threshold"))
+    lines += [
+        "",
+        "**Clean FPR at 95 % TPR** (the share of clean test images a threshold that flags 95 % of "
+        "the set's positives would flag too; lower is better)",
+        "",
+        head,
+        rule,
+    ]
+    for row in rows:
+        lines.append(_row(row, scores, "fpr_at_95tpr"))
     fpr = data["clean_test_fpr"]
     lines += [
         "",

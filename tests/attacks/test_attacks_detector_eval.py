@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 from pathlib import Path
@@ -281,7 +282,18 @@ def test_detect_eval_cli_files_numbers_and_cache(
     assert data["clean_test_fpr"]["fused"] == pytest.approx(
         np.mean(clean > det.threshold), abs=1e-6
     )
-    assert "| inverted MNIST 1 − x |" in (out / "detect_eval.md").read_text()
+    # clean FPR at 95 % TPR by brute force: the least FPR over thresholds flagging ≥ 95 %
+    cuts = np.concatenate([[-np.inf], np.unique(np.concatenate([clean, inverted]))])
+    fprs = [np.mean(clean > t) for t in cuts if np.mean(inverted > t) >= 0.95]
+    assert cell["fpr_at_95tpr"] == pytest.approx(min(fprs), abs=1e-6)
+    md = (out / "detect_eval.md").read_text()
+    assert "| inverted MNIST 1 − x |" in md and "**Clean FPR at 95 % TPR**" in md
+    with (out / "detect_eval.csv").open() as f:
+        csv_rows = list(csv.DictReader(f))
+    fused_inverted = next(
+        r for r in csv_rows if r["set"] == "ood:inverted" and r["score"] == "fused"
+    )
+    assert float(fused_inverted["fpr_at_95tpr"]) == pytest.approx(cell["fpr_at_95tpr"], abs=1e-6)
     # a second run reads the adversarial examples from the cache instead of attacking again
     assert len(list(cache.rglob("*.npz"))) == 2
 
