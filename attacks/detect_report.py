@@ -32,6 +32,15 @@ SHORT = {
     "fused": "fused",
     "fused_logistic": "LR logit",
 }
+TABLES = (  # (title, metric) of each markdown table
+    ("**AUROC**", "auroc"),
+    ("**Flagged at the calibrated threshold (TPR)**", "tpr_at_threshold"),
+    (
+        "**Clean FPR at 95 % TPR** (the share of clean test images a threshold that flags 95 % of "
+        "the set's positives would flag too; lower is better)",
+        "fpr_at_95tpr",
+    ),
+)
 CSV_FIELDS = (
     "set",
     "label",
@@ -104,27 +113,9 @@ def markdown_tables(data: dict[str, Any]) -> str:
         f"{data['clean_accuracy']:.4f}); scores with K = {data['k']}, attacks through the "
         f"K = {data['k_attack']} log-predictive, seed {data['seed']}. Positives: successful "
         "adversarial examples / all OOD images; negatives: all clean test images.",
-        "",
-        "**AUROC**",
-        "",
-        head,
-        rule,
     ]
-    for row in rows:
-        lines.append(_row(row, scores, "auroc"))
-    lines += ["", "**Flagged at the calibrated threshold (TPR)**", "", head, rule]
-    for row in rows:
-        lines.append(_row(row, scores, "tpr_at_threshold"))
-    lines += [
-        "",
-        "**Clean FPR at 95 % TPR** (the share of clean test images a threshold that flags 95 % of "
-        "the set's positives would flag too; lower is better)",
-        "",
-        head,
-        rule,
-    ]
-    for row in rows:
-        lines.append(_row(row, scores, "fpr_at_95tpr"))
+    for title, metric in TABLES:
+        lines += ["", title, "", head, rule, *(_row(row, scores, metric) for row in rows)]
     fpr = data["clean_test_fpr"]
     lines += [
         "",
