@@ -5,6 +5,7 @@ Usage:
   python bench/detector_rule.py --input-layer --out DIR     # the pixel-space experiment, a copy
   python bench/detector_rule.py --grid-layer --out DIR      # conv maps pooled to 2×2, a copy
   python bench/detector_rule.py --pixel-gaussians --out DIR  # per-class Gaussians, pooled pixels
+  python bench/detector_rule.py --combine fisher --names … --out DIR  # Fisher's −Σ log p, a copy
 
 Nothing already fitted is re-fitted (the logistic fusion, the trunk and penultimate Gaussians and
 the KDE stay as they are). Steps:
@@ -22,7 +23,8 @@ the KDE stay as they are). Steps:
    fit-part and 5 000 threshold-part images (K = the detector's, masks seeded 0). The stored logit
    threshold must come out again (checked, up to float rounding), so these are the parts the
    detector was calibrated on;
-3. ``fused`` = min-p over the names against the fit part's clean scores; every threshold at the
+3. ``fused`` = min-p (``--combine fisher``: Fisher's ``−Σ_j log p_j``) over the names against the
+   fit part's clean scores; every threshold at the
    target FPR on the threshold part. No attack and no OOD image enters any step.
 
 ``--out DIR`` copies the model directory there first and changes the copy (``bayesgate
@@ -112,8 +114,11 @@ def add_pixel_quadratic(loaded, detector: Detector) -> None:
     detector.fit = {**detector.fit, "shrinkage": shrinkage}
 
 
-def set_rule(loaded, detector: Detector, names: tuple[str, ...], how: str) -> None:
-    """``fused`` = min-p over ``names``; every threshold again on the threshold part (in place)."""
+def set_rule(
+    loaded, detector: Detector, names: tuple[str, ...], how: str, combine: str = "min"
+) -> None:
+    """``fused`` = min-p (or Fisher's ``−Σ log p``, ``combine="fisher"``) over ``names``; every
+    threshold again on the threshold part (in place)."""
     stored = detector.thresholds[FUSED_LOGISTIC]
     parts = validation_scores(loaded, detector)
     recomputed = threshold_at_fpr(parts["thr"][FUSED_LOGISTIC], detector.target_fpr)
@@ -121,7 +126,7 @@ def set_rule(loaded, detector: Detector, names: tuple[str, ...], how: str) -> No
     assert abs(recomputed - stored) <= 1e-5 * abs(stored), (
         "the threshold part is not the one the detector was calibrated on"
     )
-    detector.conformal = fit_conformal(parts["fit"], names)
+    detector.conformal = fit_conformal(parts["fit"], names, combine=combine)
     thr = parts["thr"]
     thr[FUSED] = detector.conformal.score({n: torch.from_numpy(thr[n]) for n in names}).numpy()
     thresholds = {n: threshold_at_fpr(s, detector.target_fpr) for n, s in thr.items()}
@@ -130,7 +135,8 @@ def set_rule(loaded, detector: Detector, names: tuple[str, ...], how: str) -> No
     detector.fit = {
         **detector.fit,
         "realised_fpr": {n: flag_rate(s, thresholds[n]) for n, s in thr.items()},
-        "rule": f"min-p over {', '.join(names)}: {how} (logistic fusion, statistics unchanged)",
+        "rule": f"{'Fisher' if combine == 'fisher' else 'min-p'} over {', '.join(names)}: {how} "
+        "(logistic fusion, statistics unchanged)",
     }
 
 
@@ -143,6 +149,12 @@ def main() -> None:
     parser.add_argument("--grid-layer", action="store_true", help="add trunk_2x2 Gaussians")
     parser.add_argument(
         "--pixel-gaussians", action="store_true", help="add per-class Gaussians, 2×2-pooled pixels"
+    )
+    parser.add_argument(
+        "--combine",
+        choices=("min", "fisher"),
+        default="min",
+        help="how the p-values are combined: min-p (default) or Fisher's −Σ log p",
     )
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
@@ -160,7 +172,7 @@ def main() -> None:
     if args.pixel_gaussians:
         add_pixel_quadratic(loaded, detector)
     names = tuple(args.names) if args.names else min_p_scores(detector)
-    set_rule(loaded, detector, names, "set by bench/detector_rule.py")
+    set_rule(loaded, detector, names, "set by bench/detector_rule.py", args.combine)
     print(json.dumps(store_detector(detector, directory), indent=2, ensure_ascii=False))
 
 

@@ -1,4 +1,4 @@
-"""Attack-free fusion: conformal p-values of each score, combined as their minimum.
+"""Attack-free fusion: conformal p-values of each score, combined as their minimum (or summed).
 
 For each input score ``s_j`` (higher = more suspicious) and its sorted clean *reference* scores
 ``r_{j,1} ≤ … ≤ r_{j,n_j}`` (clean validation images, no attack), the conformal p-value is
@@ -11,15 +11,24 @@ exchangeable clean inputs give ``P(p_j ≤ α) ≤ α``). The fused score is
     fused(x) = −log min_j p_j(x),
 
 so an input is as suspicious as its most extreme score: no score's evidence is averaged away by
-another (the minimum is monotone non-decreasing in every ``s_j``). Its threshold is set like every
-other score's, at the target FPR on *other* clean validation images, which absorbs the
-multiple-testing correction (≈ a per-score level of target/F, less when the scores agree).
+another (the minimum is monotone non-decreasing in every ``s_j``). With ``combine="fisher"``
+(Fisher's method) the evidence is added up instead,
+
+    fused(x) = −Σ_j log p_j(x),
+
+so several moderately unusual scores can flag an image that no single one would (also monotone in
+every ``s_j``; the threshold is empirical, so the scores' correlation does not matter).
+
+Either way the threshold is set like every other score's, at the target FPR on *other* clean
+validation images; for min-p that absorbs the multiple-testing correction (≈ a per-score level of
+target/F, less when the scores agree).
 
 The exact p-value is a step function with zero gradient almost everywhere. :meth:`smooth` is the
 differentiable surrogate an adaptive attacker descends: ``log p_j`` interpolated linearly between
 the reference order statistics (and continued with the last segment's slope beyond them) and the
 minimum replaced by ``−τ log Σ_j exp(−ℓ_j/τ)`` over ``ℓ_j = −log p_j`` (a soft maximum of the
-``ℓ_j``, ≥ the exact maximum and within ``τ log F`` of it).
+``ℓ_j``, ≥ the exact maximum and within ``τ log F`` of it); for Fisher's rule the sum of the same
+interpolated ``ℓ_j``.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ import numpy as np
 import torch
 
 SURROGATE_TEMPERATURE = 0.1
+RULES = {"min": "min_p_value", "fisher": "fisher_p_value"}  # combine → the JSON's "rule"
 
 
 @dataclass(frozen=True)
@@ -41,6 +51,7 @@ class ConformalFusion:
 
     names: tuple[str, ...]
     reference: tuple[tuple[float, ...], ...]
+    combine: str = "min"  # "min": −log min_j p_j; "fisher": −Σ_j log p_j
     _cache: dict[tuple[Any, ...], torch.Tensor] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -48,6 +59,8 @@ class ConformalFusion:
     def __post_init__(self) -> None:
         if len(self.names) != len(self.reference) or not self.names:
             raise ValueError("conformal fusion: one non-empty reference per score name")
+        if self.combine not in RULES:
+            raise ValueError(f"conformal fusion: combine must be one of {sorted(RULES)}")
         for name, ref in zip(self.names, self.reference, strict=True):
             if len(ref) < 2 or any(b < a for a, b in itertools.pairwise(ref)):
                 raise ValueError(f"conformal fusion: {name} reference must be ≥ 2 sorted values")
@@ -63,19 +76,26 @@ class ConformalFusion:
         return torch.stack(columns, dim=-1)
 
     def score(self, scores: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """``fused = −log min_j p_j`` (``B``), exact; not differentiable (see :meth:`smooth`).
+        """``fused`` (``B``): ``−log min_j p_j``, or ``−Σ_j log p_j`` for Fisher's rule; exact, not
+        differentiable (see :meth:`smooth`).
 
-        The minimum is taken as the p-values are made (no ``B×F`` stack: the request path)."""
-        smallest = None
+        The minimum (or the sum) is taken as the p-values are made (no ``B×F`` stack: the request
+        path)."""
+        fisher = self.combine == "fisher"
+        acc = None
         for j, name in enumerate(self.names):
             s = scores[name]
             ref = self._reference(j, s)
             n = ref.numel()
             # 1 + #{r ≥ s} = 1 + n − #{r < s}; searchsorted (left) counts #{r < s}
             p = (n + 1 - torch.searchsorted(ref, s.detach().contiguous())).to(s.dtype) / (n + 1)
-            smallest = p if smallest is None else torch.minimum(smallest, p)
-        assert smallest is not None  # names is non-empty (checked at construction)
-        return -torch.log(smallest)
+            if fisher:
+                ell = -torch.log(p)
+                acc = ell if acc is None else acc + ell
+            else:
+                acc = p if acc is None else torch.minimum(acc, p)
+        assert acc is not None  # names is non-empty (checked at construction)
+        return acc if fisher else -torch.log(acc)
 
     def smooth(
         self, scores: Mapping[str, torch.Tensor], temperature: float = SURROGATE_TEMPERATURE
@@ -84,6 +104,8 @@ class ConformalFusion:
         ell = torch.stack(
             [self._smooth_neg_log_p(j, scores[n]) for j, n in enumerate(self.names)], dim=-1
         )
+        if self.combine == "fisher":
+            return ell.sum(dim=-1)
         return temperature * torch.logsumexp(ell / temperature, dim=-1)
 
     def _smooth_neg_log_p(self, j: int, s: torch.Tensor) -> torch.Tensor:
@@ -98,7 +120,8 @@ class ConformalFusion:
         return y0 + slope * (s - x0)
 
     def levels(self) -> np.ndarray:
-        """Every value :meth:`score` can take, ``−log((1 + c)/(n_j + 1))``, sorted, unique."""
+        """Every value the min-p :meth:`score` can take, ``−log((1 + c)/(n_j + 1))``, sorted,
+        unique."""
         values = [-np.log((1.0 + np.arange(len(r) + 1)) / (len(r) + 1.0)) for r in self.reference]
         return np.unique(np.concatenate(values))
 
@@ -108,7 +131,10 @@ class ConformalFusion:
         ``score > t`` and ``score > gap_threshold(t)`` flag the same inputs in exact arithmetic
         (no score lies between), but the midpoint is immune to the last-bit differences between
         a float64 threshold and a float32 score at the same p-value. A ``threshold`` within
-        ``10⁻⁶`` (relative) of a level is taken as that level (a float32 score's rounding)."""
+        ``10⁻⁶`` (relative) of a level is taken as that level (a float32 score's rounding).
+        Fisher's sums take too many values to list: the threshold is returned as it is."""
+        if self.combine == "fisher":
+            return float(threshold)
         levels = self.levels()
         tol = 1e-6 * max(1.0, abs(threshold))  # a level computed in float32 is within this
         i = int(np.searchsorted(levels, threshold - tol))  # the level ``threshold`` rounds to
@@ -126,28 +152,34 @@ class ConformalFusion:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "rule": "min_p_value",
+            "rule": RULES[self.combine],
             "names": list(self.names),
             "reference": {n: list(r) for n, r in zip(self.names, self.reference, strict=True)},
         }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ConformalFusion:
-        if data.get("rule") != "min_p_value":
+        combine = {rule: key for key, rule in RULES.items()}.get(data.get("rule"))
+        if combine is None:
             raise ValueError(f"conformal fusion: unknown rule {data.get('rule')!r}")
         names = tuple(data["names"])
-        return cls(names, tuple(tuple(float(v) for v in data["reference"][n]) for n in names))
+        reference = tuple(tuple(float(v) for v in data["reference"][n]) for n in names)
+        return cls(names, reference, combine)
 
 
 def fit_conformal(
-    clean: Mapping[str, np.ndarray], names: tuple[str, ...], digits: int = 7
+    clean: Mapping[str, np.ndarray],
+    names: tuple[str, ...],
+    digits: int = 7,
+    combine: str = "min",
 ) -> ConformalFusion:
     """The reference of each score: its clean values, rounded to ``digits`` significant digits
-    (compact JSON; the p-values are then exact for the stored reference), sorted."""
+    (compact JSON; the p-values are then exact for the stored reference), sorted; ``combine``:
+    ``min`` (min-p) or ``fisher``."""
     reference = []
     for name in names:
         values = np.asarray(clean[name], dtype=np.float64)
         if not np.all(np.isfinite(values)):
             raise ValueError(f"conformal fusion: {name} has non-finite clean scores")
         reference.append(tuple(sorted(float(f"{v:.{digits}g}") for v in values)))
-    return ConformalFusion(tuple(names), tuple(reference))
+    return ConformalFusion(tuple(names), tuple(reference), combine)

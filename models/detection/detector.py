@@ -39,7 +39,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from bayesgate.models.detection.conformal import ConformalFusion
+from bayesgate.models.detection.conformal import RULES, ConformalFusion
 from bayesgate.models.detection.fusion import LogisticFusion
 from bayesgate.models.detection.kde import ClassKDE
 from bayesgate.models.detection.mahalanobis import ClassGaussians
@@ -163,11 +163,12 @@ class Detector:
 
 
 def rule_summary(detector: Detector) -> dict[str, Any]:
-    """How ``fused`` is made, for reports: ``min_p_value`` over its names, or ``logistic``."""
+    """How ``fused`` is made, for reports: ``min_p_value`` (or ``fisher_p_value``) over its
+    names, or ``logistic``."""
     if detector.conformal is not None:
         rule = detector.conformal
         sizes = {n: len(r) for n, r in zip(rule.names, rule.reference, strict=True)}
-        return {"rule": "min_p_value", "names": list(rule.names), "reference_sizes": sizes}
+        return {"rule": RULES[rule.combine], "names": list(rule.names), "reference_sizes": sizes}
     return {"rule": "logistic" if detector.fusion is not None else None}
 
 

@@ -158,3 +158,40 @@ def test_detector_serves_the_rule_and_round_trips(tmp_path: Path) -> None:
     assert back.conformal == det.conformal
     again = back.scores(probs, features)
     assert all(torch.equal(again[n], after[n]) for n in after)
+
+
+def test_fisher_rule_is_the_sum_of_minus_log_p_and_round_trips() -> None:
+    """``combine="fisher"``: ``−Σ_j log p_j`` of the directly counted p-values; its surrogate is
+    the sum of the interpolated ``−log p_j`` (exact at the knots, monotone); JSON keeps the rule."""
+    ref = _clean(300, 12)
+    rule = fit_conformal(ref, NAMES, combine="fisher")
+    x = _clean(100, 13)
+    p = np.empty((100, len(NAMES)))
+    for j, name in enumerate(NAMES):
+        stored = np.array(rule.reference[j])
+        p[:, j] = [(1 + np.sum(stored >= v)) / (stored.size + 1) for v in x[name]]
+    fused = rule.score(_torch(x)).numpy()
+    np.testing.assert_allclose(fused, -np.log(p).sum(axis=1), rtol=1e-12, atol=1e-12)
+    # two moderately unusual scores outweigh one: the sum, not the minimum
+    two = {n: torch.tensor([np.quantile(ref[n], 0.9)] * 2) for n in NAMES}
+    two["c"] = torch.tensor([np.quantile(ref["c"], 0.1), np.quantile(ref["c"], 0.1)])
+    one = {n: torch.tensor([np.quantile(ref[n], 0.1)] * 2) for n in NAMES}
+    one["a"] = torch.tensor([np.quantile(ref["a"], 0.95)] * 2)
+    assert torch.all(rule.score(two) > rule.score(one))
+    assert fit_conformal(ref, NAMES).score(two)[0] < fit_conformal(ref, NAMES).score(one)[0]
+
+    smooth_ref = {n: np.random.default_rng(14).standard_normal(200) for n in NAMES}
+    smooth_rule = fit_conformal(smooth_ref, NAMES, digits=17, combine="fisher")
+    knots = {n: torch.tensor(smooth_rule.reference[j][5:-5], dtype=torch.float64)
+             for j, n in enumerate(NAMES)}  # fmt: skip
+    exact = -torch.log(smooth_rule.p_values(knots)).sum(dim=1)
+    torch.testing.assert_close(smooth_rule.smooth(knots), exact, rtol=0, atol=1e-12)
+    assert smooth_rule.gap_threshold(3.25) == 3.25
+
+    back = ConformalFusion.from_json(rule.to_json())
+    assert back == rule and back.combine == "fisher" and rule.to_json()["rule"] == "fisher_p_value"
+    assert ConformalFusion.from_json(fit_conformal(ref, NAMES).to_json()).combine == "min"
+    with np.testing.assert_raises(ValueError):
+        ConformalFusion.from_json({**rule.to_json(), "rule": "mean_p_value"})
+    with np.testing.assert_raises(ValueError):
+        fit_conformal(ref, NAMES, combine="stouffer")
