@@ -35,14 +35,14 @@ from bayesgate.models.store.directory import load_model
 MODEL = Path(__file__).resolve().parents[1] / "models/pretrained/bayesgate-cnn"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", type=Path, default=MODEL)
     parser.add_argument("--ood", default="rotated", choices=tuple(OOD_SETS))
     parser.add_argument("--limit", type=int, default=1000)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     loaded = load_model(args.model)
     detector = load_detector(args.model, loaded.card.weights_sha256)
@@ -57,7 +57,7 @@ def main() -> None:
     same = (predictive_mean(probs).argmax(dim=1) == y).numpy()
     y = y.numpy()
     rows = {}
-    groups = {str(c): y == c for c in range(len(loaded.card.classes))}
+    groups = {str(c): y == c for c in range(len(loaded.card.classes)) if np.any(y == c)}
     groups["all"] = np.ones_like(y, dtype=bool)
     for name, m in groups.items():
         other = m & ~same  # not classified as the digit it was made from
@@ -80,6 +80,7 @@ def main() -> None:
         )
     if args.json:
         args.json.write_text(json.dumps({"ood": args.ood, "rows": rows}, indent=1) + "\n")
+    return rows
 
 
 if __name__ == "__main__":

@@ -355,3 +355,38 @@ def test_adaptive_eval_restarts_need_apgd_one_line(
     argv = ["adaptive-eval", str(detector_dir), "--out", str(tmp_path), "--restarts", "3"]
     assert main(argv) == 2
     assert "more than 1 needs the apgd optimizer" in capsys.readouterr().err
+
+
+def test_ood_classes_script_counts_each_digit_and_the_not_as_itself_subset(
+    detector_dir: Path, tmp_path: Path
+) -> None:
+    """``bench/detector_ood_classes.py``: per digit and in all, the fused flag rate, the share read
+    as the original digit and the fused rate among the others, recounted from the same scores."""
+    from bayesgate.attacks.ood import ood_images
+    from bayesgate.models.detection.detector import collect_features, scores_numpy
+    from bayesgate.models.mc.uncertainty import predictive_mean
+    from tests.bench_scripts import load_bench
+
+    script = load_bench("detector_ood_classes")
+    out = tmp_path / "rotated.json"
+    argv = ["--model", str(detector_dir), "--limit", "60", "--json", str(out)]
+    rows = script.main(argv)
+    assert json.loads(out.read_text())["rows"] == rows
+    loaded, det = load_model(detector_dir), load_detector(detector_dir)
+    x, y = load_mnist("test", limit=60)
+    probs, feats = collect_features(loaded.network, ood_images("rotated", x), det.k, seed=0)
+    flagged = scores_numpy(det, probs, feats)["fused"] > det.threshold
+    same = (predictive_mean(probs).argmax(dim=1) == y).numpy()
+    y = y.numpy()
+    present = [c for c in range(10) if (y == c).any()]  # a digit absent from 60 has no row
+    assert set(rows) == {*map(str, present), "all"}
+    assert rows["all"]["n"] == 60 and sum(rows[str(c)]["n"] for c in present) == 60
+    assert rows["all"]["fused"] == pytest.approx(flagged.mean())
+    assert rows["all"]["n_not_as_itself"] == int((~same).sum())
+    assert rows["all"]["fused_not_as_itself"] == pytest.approx(flagged[~same].mean())
+    for c in present:
+        m = y == c
+        assert rows[str(c)]["classified_as_itself"] == pytest.approx(same[m].mean())
+        other = m & ~same
+        expected = flagged[other].mean() if other.any() else None
+        assert rows[str(c)]["fused_not_as_itself"] == pytest.approx(expected)
