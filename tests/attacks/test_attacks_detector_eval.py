@@ -390,3 +390,27 @@ def test_ood_classes_script_counts_each_digit_and_the_not_as_itself_subset(
         other = m & ~same
         expected = flagged[other].mean() if other.any() else None
         assert rows[str(c)]["fused_not_as_itself"] == pytest.approx(expected)
+
+
+def test_flag_union_script_counts_each_either_and_both(detector_dir: Path, tmp_path: Path) -> None:
+    """``bench/flag_union.py`` against a recount: the same detector with a lower threshold flags
+    a superset, so either = the second's rate and both = the first's."""
+    from bayesgate.attacks.ood import ood_images
+    from bayesgate.models.detection.detector import collect_features, scores_numpy
+    from tests.bench_scripts import load_bench
+
+    second = Path(shutil.copytree(detector_dir, tmp_path / "lower"))
+    det = load_detector(second)
+    det.thresholds = {**det.thresholds, det.score: det.threshold - 1.0}
+    save_detector(det, second)
+    rows = load_bench("flag_union").main([str(detector_dir), str(second), "--limit", "50"])
+    loaded, first = load_model(detector_dir), load_detector(detector_dir)
+    x, _ = load_mnist("test", limit=50)
+    for name, images in (("clean", x), ("rotated", ood_images("rotated", x))):
+        probs, feats = collect_features(loaded.network, images, first.k, seed=0)
+        score = scores_numpy(first, probs, feats)[first.score]
+        a, b = score > first.threshold, score > first.threshold - 1.0
+        r = rows[name]
+        assert (r["first"], r["second"]) == pytest.approx((a.mean(), b.mean()))
+        assert r["either"] == pytest.approx(b.mean()) and r["both"] == pytest.approx(a.mean())
+        assert r["second"] >= r["first"]
