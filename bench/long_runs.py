@@ -313,6 +313,7 @@ def missing_data(runs: list[Run]) -> str | None:
     before anything starts, so a missing variable is one message, not one failed run after another
     (training would try to download MNIST, and a machine without internet fails each run)."""
     from bayesgate.models.data.mnist import MNIST_FILES, data_dir, find_mnist_file, mnist_dir
+    from bayesgate.models.uci.data import uci_root
 
     root = data_dir()
     where = "BAYESGATE_DATA_DIR" if os.environ.get("BAYESGATE_DATA_DIR") else "the user cache"
@@ -323,9 +324,9 @@ def missing_data(runs: list[Run]) -> str | None:
             return f"no MNIST {', '.join(absent)} in {folder} ({where}); set BAYESGATE_DATA_DIR"
     for run in runs:
         if run.command == "uci":
-            dataset = run.flags[run.flags.index("--dataset") + 1]
-            if not (root / "uci" / dataset).is_dir():
-                return f"{run.name}: no UCI folder {root / 'uci' / dataset} ({where})"
+            folder = uci_root(root) / run.flags[run.flags.index("--dataset") + 1]
+            if not folder.is_dir():
+                return f"{run.name}: no UCI folder {folder} ({where})"
     return None
 
 

@@ -6,7 +6,7 @@ same test images (the robust table's cached attacks). Per rule, from the ``fused
 
 - ``rotated``: the fraction of MNIST rotated 90° flagged at the rule's threshold;
 - ``cw_through``: CW-L2 successes not flagged, over the digits CW was run on and classified right
-  clean (``(1 − TPR)·successful / eligible``, as ``bench/detect_eval_ci.py`` counts "evaded");
+  clean (``bench/detect_eval_ci.py``'s "evaded" / "eligible");
 - ``linf_through``: the same summed over the L∞ attacks (FGS η = 0.1/0.2/0.3, targeted, PGD),
   over their eligible digits (one attack per digit each: a digit can count several times);
 - ``clean_fpr``: the clean test FPR at the threshold.
@@ -23,28 +23,27 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from detect_eval_ci import row_ci  # a sibling script, not a package
 
 ROTATED = "ood:rotated"
 LINF = ("fgs:", "targeted:", "pgd:")
 
 
-def through(row: dict[str, Any], score: str = "fused") -> tuple[int, int]:
-    """``(successes not flagged, eligible digits)`` of one attack row."""
-    n = int(row["successful"])
-    flagged = round(row["scores"][score]["tpr_at_threshold"] * n)
-    return n - flagged, int(row["eligible"])
-
-
 def rule_point(result: dict[str, Any], score: str = "fused") -> dict[str, float]:
-    """The trade-off coordinates of one detect-eval result (module docstring)."""
-    rows = {r["set"]: r for r in result["rows"]}
-    cw = next(r for key, r in rows.items() if key.startswith("cw:"))
-    cw_k, cw_n = through(cw, score)
-    linf = [through(r, score) for key, r in rows.items() if key.startswith(LINF)]
+    """The trade-off coordinates of one detect-eval result (module docstring); the attack counts
+    are :func:`detect_eval_ci.row_ci`'s ``evaded`` / ``eligible``."""
+    rows = [row_ci(r, int(result["images"]), (score,)) for r in result["rows"]]
+    attacks = {r["set"]: (r[score]["evaded"], r["eligible"]) for r in rows if "evaded" in r[score]}
+    cw_k, cw_n = next(v for key, v in attacks.items() if key.startswith("cw:"))
+    linf = [v for key, v in attacks.items() if key.startswith(LINF)]
+    rotated = next(r for r in result["rows"] if r["set"] == ROTATED)
     return {
-        "rotated": rows[ROTATED]["scores"][score]["tpr_at_threshold"],
+        "rotated": rotated["scores"][score]["tpr_at_threshold"],
         "cw_through": cw_k / cw_n,
         "cw_through_k": cw_k,
         "cw_eligible": cw_n,
