@@ -89,7 +89,10 @@ def main(argv: list[str] | None = None) -> int:
         label, _, folder = spec.partition("=")
         if not folder:
             parser.error(f"{spec!r}: expected LABEL=DIR")
-        result = json.loads((Path(folder) / "detect_eval.json").read_text())
+        source = Path(folder) / "detect_eval.json"
+        if not source.is_file():
+            parser.error(f"{spec!r}: no {source} (a `bayesgate detect-eval` output folder)")
+        result = json.loads(source.read_text())
         points[label] = {**rule_point(result), "source": f"{folder}/detect_eval.json"}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     png = plot(points, args.out.with_suffix(".png"))

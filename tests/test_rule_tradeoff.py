@@ -40,3 +40,5 @@ def test_points_agree_with_the_confidence_script_and_the_docs(tmp_path: Path) ->
     assert out.with_suffix(".png").stat().st_size > 10_000
     with pytest.raises(SystemExit):
         tradeoff.main(["--out", str(out), "no-equals-sign"])
+    with pytest.raises(SystemExit):
+        tradeoff.main(["--out", str(out), f"(x)={tmp_path / 'no-such-folder'}"])
