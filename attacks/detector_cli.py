@@ -55,6 +55,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="also fit Gaussians of the conv maps pooled to 2×2 cells (trunk_2x2; CNNs): a third "
         "p-value of the min-p rule",
     )
+    p.add_argument(
+        "--outliers",
+        nargs="+",
+        default=list(d.outliers),
+        metavar="KIND",
+        help="synthetic outliers (chimera, patches, overlay) made from the attacked fit images, "
+        "added to the logistic fusion's positives (default: none)",
+    )
+    p.add_argument(
+        "--outlier-share",
+        type=float,
+        default=d.outlier_share,
+        help="share of the positive class's weight given to the outliers (default: %(default)s)",
+    )
     p.add_argument("--l2", type=float, default=d.l2, help="L2 penalty of the logistic fusion")
     p.add_argument(
         "--rule",
@@ -95,6 +109,8 @@ def cmd_fit_detector(args: argparse.Namespace) -> int:
         kde_dtype=args.kde_dtype,
         shrinkage=args.shrinkage,
         trunk_grid=args.trunk_grid,
+        outliers=tuple(args.outliers),
+        outlier_share=args.outlier_share,
         l2=args.l2,
         rule=args.rule,
         target_fpr=args.target_fpr,

@@ -14,7 +14,10 @@ Data (never the test split):
      spec in ``attacks`` (default: FGS η ∈ {0.1, 0.2, 0.3} and the 40-step targeted attack, the
      attacks ``bayesgate calibrate`` uses) through the ``k_attack``-pass MC log-predictive, and the
      *successful* adversarial examples (:mod:`bayesgate.attacks.run`) are the logistic fusion's
-     label 1; with ``rule="min-p"`` (default) the fit part's clean scores of the logit and of
+     label 1 — with ``outliers``, so are synthetic outliers made from the same attacked images
+     (:mod:`bayesgate.attacks.outliers`; one per image and kind), weighted ``outlier_share`` of
+     the positive class (:func:`~bayesgate.models.detection.fusion.fit_fusion`); with
+     ``rule="min-p"`` (default) the fit part's clean scores of the logit and of
      predictive entropy are the reference of conformal p-values and ``fused`` is their minimum
      (:func:`min_p_scores`; the logit stays as ``fused_logistic``);
    - *threshold* part (``threshold_images``, other clean images): every score's threshold at
@@ -37,6 +40,7 @@ import numpy as np
 import torch
 
 from bayesgate.attacks.metrics import auroc, flag_rate, threshold_at_fpr
+from bayesgate.attacks.outliers import OUTLIERS, outlier_images
 from bayesgate.attacks.run import run_attack
 from bayesgate.attacks.specs import DEFAULT_ATTACKS, parse_attacks
 from bayesgate.errors import InvalidArgument
@@ -71,6 +75,8 @@ class FitSettings:
     kde_dtype: str = "float32"
     shrinkage: float | None = None
     trunk_grid: bool = False
+    outliers: tuple[str, ...] = ()
+    outlier_share: float = 0.5
     l2: float = 1e-3
     rule: str = "min-p"
     target_fpr: float = 0.05
@@ -93,6 +99,15 @@ class FitSettings:
             )
         if self.rule not in RULES:
             raise InvalidArgument(f"rule must be one of {', '.join(RULES)}, got {self.rule!r}")
+        unknown = [kind for kind in self.outliers if kind not in OUTLIERS]
+        if unknown:
+            raise InvalidArgument(
+                f"unknown outlier kind(s) {', '.join(unknown)}; choose from {', '.join(OUTLIERS)}"
+            )
+        if len(set(self.outliers)) != len(self.outliers):
+            raise InvalidArgument(f"outliers: a kind is named twice in {list(self.outliers)}")
+        if self.outliers and not 0.0 < self.outlier_share < 1.0:
+            raise InvalidArgument(f"outlier-share must be in (0, 1), got {self.outlier_share}")
         if self.l2 <= 0:
             raise InvalidArgument(f"l2 must be > 0, got {self.l2}")
 
@@ -154,11 +169,22 @@ def fit_detector(
     adversarial, attack_summaries = run.adversarial_scores(
         detector, x_val[fit_rows][attacked], y_val[fit_rows][attacked]
     )
+    outliers = run.outlier_scores(detector, x_val[fit_rows][attacked], y_val[fit_rows][attacked])
     names = fused_score_names(tuple(gaussians), with_kde=True)
     pooled = {n: np.concatenate([a[n] for a in adversarial.values()]) for n in names}
     clean = {n: fit_clean[n] for n in names}
     transforms = tuple(transform_for(n) for n in names)
-    detector.fusion = fit_fusion(clean, pooled, names, transforms, settings.l2)
+    detector.fusion = fit_fusion(
+        clean,
+        pooled,
+        names,
+        transforms,
+        settings.l2,
+        outliers={n: np.concatenate([o[n] for o in outliers.values()]) for n in names}
+        if outliers
+        else None,
+        outlier_share=settings.outlier_share,
+    )
     if settings.rule == "min-p":
         logit = scores_numpy_fused(detector, fit_clean)[FUSED]  # before the rule exists
         detector.conformal = fit_conformal(
@@ -172,6 +198,7 @@ def fit_detector(
     if detector.conformal is not None:
         detector.thresholds[FUSED] = detector.conformal.gap_threshold(detector.thresholds[FUSED])
     adversarial = {key: scores_numpy_fused(detector, a) for key, a in adversarial.items()}
+    outliers = {key: scores_numpy_fused(detector, o) for key, o in outliers.items()}
     detector.fit = _report(
         detector,
         settings,
@@ -188,6 +215,11 @@ def fit_detector(
         thr_clean,
         time.perf_counter() - started,
     )
+    if outliers:
+        detector.fit["outliers"] = {
+            kind: {"images": len(o[FUSED]), "auroc": _aurocs(thr_clean, o)}
+            for kind, o in outliers.items()
+        }
     return detector
 
 
@@ -299,6 +331,18 @@ class _FitRun:
                 "no attack succeeded on the fit images: nothing to fit the fusion on"
             )
         return scores, summaries
+
+    def outlier_scores(
+        self, detector: Detector, x: torch.Tensor, y: torch.Tensor
+    ) -> dict[str, dict[str, np.ndarray]]:
+        """Scores of the synthetic outliers of every kind in ``settings.outliers``."""
+        return {
+            kind: scores_numpy(
+                detector,
+                *self.collect(outlier_images(kind, x, y, self.settings.seed), f"outliers: {kind}"),
+            )
+            for kind in self.settings.outliers
+        }
 
 
 def _report(

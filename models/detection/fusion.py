@@ -12,7 +12,9 @@ fitted by minimising the weighted, L2-regularised negative log-likelihood
 
     L(w, b) = −(1/Σ_i v_i) Σ_i v_i [y_i log σ(η_i) + (1 − y_i) log(1 − σ(η_i))] + (λ/2)‖w‖²
 
-(no penalty on ``b``; weights ``v_i`` give the clean and the adversarial class equal total weight)
+(no penalty on ``b``; weights ``v_i`` give the clean and the adversarial class equal total weight;
+with synthetic outliers (:mod:`bayesgate.attacks.outliers`) among the positives, the adversarial
+class's half is split: ``share`` to the outliers, ``1 − share`` to the attacks)
 with Newton's method and a backtracking line search (:func:`fit_logistic`); ``L`` is strictly
 convex for ``λ > 0``, so the optimum is unique even on separable data. Everything is float64
 numpy; the coefficients live in JSON (:meth:`LogisticFusion.to_json`).
@@ -108,22 +110,40 @@ def fit_fusion(
     names: tuple[str, ...],
     transforms: tuple[str, ...],
     l2: float = 1e-3,
+    *,
+    outliers: Mapping[str, np.ndarray] | None = None,
+    outlier_share: float = 0.5,
 ) -> LogisticFusion:
-    """Fit :class:`LogisticFusion` on clean (label 0) vs adversarial (label 1) score arrays."""
+    """Fit :class:`LogisticFusion` on clean (label 0) vs adversarial (label 1) score arrays.
+
+    Weights: the clean rows share 1/2, the adversarial rows 1/2 — or, with ``outliers`` (score
+    arrays of synthetic outliers, also label 1), the attacks ``(1 − outlier_share)/2`` and the
+    outliers ``outlier_share/2``. Standardisation is over every row."""
     if not len(clean[names[0]]) or not len(adversarial[names[0]]):
         raise ValueError("fusion needs clean and adversarial examples")
+    groups = [clean, adversarial]
+    shares = [0.5, 0.5]
+    if outliers is not None:
+        if not 0.0 < outlier_share < 1.0:
+            raise ValueError(f"outlier_share must be in (0, 1), got {outlier_share}")
+        if not len(outliers[names[0]]):
+            raise ValueError("fusion: outliers given but empty")
+        groups.append(outliers)
+        shares = [0.5, 0.5 * (1.0 - outlier_share), 0.5 * outlier_share]
     raw = np.stack(
         [
-            transform(np.concatenate([clean[n], adversarial[n]]).astype(np.float64), t)
+            transform(np.concatenate([g[n] for g in groups]).astype(np.float64), t)
             for n, t in zip(names, transforms, strict=True)
         ],
         axis=1,
     )
     mean, std = raw.mean(axis=0), raw.std(axis=0)
     std = np.where(std > 0, std, 1.0)
-    n0, n1 = len(clean[names[0]]), len(adversarial[names[0]])
-    y = np.concatenate([np.zeros(n0), np.ones(n1)])
-    weights = np.concatenate([np.full(n0, 0.5 / n0), np.full(n1, 0.5 / n1)])
+    sizes = [len(g[names[0]]) for g in groups]
+    y = np.concatenate([np.full(m, 0.0 if i == 0 else 1.0) for i, m in enumerate(sizes)])
+    weights = np.concatenate(
+        [np.full(m, share / m) for m, share in zip(sizes, shares, strict=True)]
+    )
     coef, intercept = fit_logistic((raw - mean) / std, y, weights, l2)
     return LogisticFusion(
         names=tuple(names),

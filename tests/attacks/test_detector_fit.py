@@ -103,3 +103,57 @@ def test_fit_detector_rejects_bad_settings(model_copy: Path, capsys: pytest.Capt
     assert capsys.readouterr().err.startswith("bayesgate: error:")
     assert main(["fit-detector", str(model_copy), "--trunk-grid", "--no-progress"]) == 2
     assert "no trunk_2x2 features" in capsys.readouterr().err  # an MLP has no conv maps
+
+
+def test_fit_detector_adds_synthetic_outliers_to_the_fusion(
+    model_copy: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """``--outliers``: one outlier per attacked fit image and kind, scored with the fit's K and
+    seed; the logistic fusion is the three-group fit of exactly those scores (recomputed here
+    from the images), and the report gives each kind's count and AUROCs."""
+    from bayesgate.attacks.detector_fit import FitSettings, _FitRun
+    from bayesgate.attacks.outliers import outlier_images
+    from bayesgate.models.detection.detector import collect_features, scores_numpy
+    from bayesgate.models.detection.fusion import fit_fusion
+
+    args = [*FIT, *SMALL, *ATTACKS, "--outliers", "chimera", "patches", "--outlier-share", "0.4"]
+    assert main(["fit-detector", str(model_copy), *args]) == 0
+    capsys.readouterr()
+    loaded = load_model(model_copy)
+    detector = load_detector(model_copy, weights_sha256=loaded.card.weights_sha256)
+    fit = detector.fit
+    assert fit["settings"]["outliers"] == ["chimera", "patches"]
+    assert fit["settings"]["outlier_share"] == 0.4
+    assert {k: v["images"] for k, v in fit["outliers"].items()} == {"chimera": 40, "patches": 40}
+    assert 0.0 <= fit["outliers"]["patches"]["auroc"][FUSED] <= 1.0
+
+    # the same detector's fusion, refitted here from the parts it was made of
+    x_val, y_val = load_mnist("val")
+    order = torch.randperm(10_000, generator=torch.Generator().manual_seed(0))
+    fit_rows = order[:200]
+    x_fit, y_fit = x_val[fit_rows][:40], y_val[fit_rows][:40]
+    names = detector.fusion.names
+
+    def scores(x: torch.Tensor) -> dict[str, np.ndarray]:
+        probs, feats = collect_features(loaded.network, x, 5, batch_size=500, seed=0)
+        return scores_numpy(detector, probs, feats)
+
+    parts = [scores(outlier_images(kind, x_fit, y_fit, seed=0)) for kind in ("chimera", "patches")]
+    outliers = {n: np.concatenate([p[n] for p in parts]) for n in names}
+    clean = {n: v for n, v in scores(x_val[fit_rows]).items() if n in names}
+    run = _FitRun(loaded, FitSettings(k=5, attacks=tuple(ATTACKS[1:3])), torch.device("cpu"), False)
+    adversarial, _ = run.adversarial_scores(detector, x_fit, y_fit)
+    attacks = {n: np.concatenate([a[n] for a in adversarial.values()]) for n in names}
+    transforms, l2 = detector.fusion.transforms, detector.fusion.l2
+    refit = fit_fusion(clean, attacks, names, transforms, l2, outliers=outliers, outlier_share=0.4)
+    np.testing.assert_allclose(refit.coef, detector.fusion.coef, rtol=1e-6, atol=1e-9)
+    assert refit.intercept == pytest.approx(detector.fusion.intercept, rel=1e-6, abs=1e-9)
+    plain = fit_fusion(clean, attacks, names, transforms, l2)  # the outliers did move the fit
+    assert not np.allclose(plain.coef, detector.fusion.coef, rtol=1e-2)
+
+    settings = ["--outliers", "rotated", "--no-progress"]
+    assert main(["fit-detector", str(model_copy), *settings]) == 2
+    assert "unknown outlier kind(s) rotated" in capsys.readouterr().err
+    settings = ["--outliers", "chimera", "--outlier-share", "1", "--no-progress"]
+    assert main(["fit-detector", str(model_copy), *settings]) == 2
+    assert "outlier-share must be in (0, 1)" in capsys.readouterr().err

@@ -252,3 +252,37 @@ def test_grid_layer_is_fitted_only_when_asked_and_scores_the_closed_form() -> No
     assert GRID_SCORE not in fused_score_names(tuple(gaussians), with_kde=True)
     with pytest.raises(ValueError, match="trunk_2x2"):
         fit_gaussians({"penultimate": feats["trunk"]}, labels, C, include_grid=True)
+
+
+def test_fusion_with_outliers_weights_three_groups_as_documented() -> None:
+    """Clean 1/2, attacks (1 − share)/2, outliers share/2 — checked against ``fit_logistic`` on
+    a design built here by hand; the outliers pull the weight toward the score that sees them."""
+    rng = np.random.default_rng(11)
+    clean = {"a": rng.normal(size=300), "b": rng.exponential(size=300)}
+    attacks = {"a": rng.normal(2.5, 1.0, 30), "b": rng.exponential(size=30)}  # seen by a
+    outliers = {"a": rng.normal(size=200), "b": rng.exponential(6.0, 200)}  # seen by b
+    names, transforms = ("a", "b"), ("identity", "log1p")
+    fusion = fit_fusion(
+        clean, attacks, names, transforms, 0.01, outliers=outliers, outlier_share=0.3
+    )
+
+    raw = np.stack(
+        [
+            np.concatenate([clean["a"], attacks["a"], outliers["a"]]),
+            np.log1p(np.concatenate([clean["b"], attacks["b"], outliers["b"]])),
+        ],
+        axis=1,
+    )
+    z = (raw - raw.mean(axis=0)) / raw.std(axis=0)
+    y = np.r_[np.zeros(300), np.ones(230)]
+    v = np.r_[np.full(300, 0.5 / 300), np.full(30, 0.35 / 30), np.full(200, 0.15 / 200)]
+    w, b = fit_logistic(z, y, v, 0.01)
+    np.testing.assert_allclose(fusion.coef, w, rtol=1e-9)
+    assert fusion.intercept == pytest.approx(b, rel=1e-9)
+    np.testing.assert_allclose(fusion.mean, raw.mean(axis=0), rtol=1e-12)
+
+    without = fit_fusion(clean, attacks, names, transforms, 0.01)
+    more = fit_fusion(clean, attacks, names, transforms, 0.01, outliers=outliers, outlier_share=0.8)
+    assert without.coef[1] < fusion.coef[1] < more.coef[1]  # b's weight grows with the share
+    with pytest.raises(ValueError, match="outlier_share"):
+        fit_fusion(clean, attacks, names, transforms, outliers=outliers, outlier_share=1.0)
