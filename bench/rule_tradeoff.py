@@ -16,7 +16,8 @@ Writes ``OUT.png`` (two panels: rotated against CW-L2 and against L∞ pass-thro
 
     python bench/rule_tradeoff.py --out docs/robustness/rule_tradeoff \\
         "(d) served=docs/robustness/unseen" "(g) trunk 2x2=docs/robustness/grid" \\
-        "(h) pixel QDA=docs/robustness/pixel-qda" "(i) Fisher=docs/robustness/fisher"
+        "(h) pixel QDA=docs/robustness/pixel-qda" "(i) Fisher=docs/robustness/fisher" \\
+        "(j) outliers=docs/robustness/outliers"
 """
 
 from __future__ import annotations
