@@ -3,7 +3,10 @@
 Starts ``bayesgate serve`` itself on 127.0.0.1 (a free port), twice — with batching
 (``max_batch_size`` = ``--max-batch-size``) and without (``max_batch_size = 1``) — and drives each
 with ``--clients`` concurrent keep-alive clients for ``--duration`` seconds (at most
-``--max-requests`` requests in all), every request one MNIST test image at K = ``--k``. Then it
+``--max-requests`` requests in all), every request one MNIST test image at K = ``--k`` (or
+``--images-per-request`` N images: ``/v1 JSON`` and both ``/v2`` protocols; every figure is then
+still per *image*, and the unbatched server is not run — a request of N images is N rows of one
+engine call whatever the batch size). Then it
 times the MC engine alone (``bayesgate.models.mc.engine.mc_predict`` in this process) at the mean
 batch size the
 batching server reported in ``/v1/stats``. All processes use ``--threads`` torch threads.
@@ -16,6 +19,7 @@ detector's features or the worker's stop checks.
 
     python bench/load.py --duration 10             # bundled model, or an untrained CNN stand-in
     python bench/load.py --model-dir runs/cnn --clients 32 --k 10 --json bench.json
+    python bench/load.py --protocols "/v2 binary" --images-per-request 8
 
 Traffic goes to 127.0.0.1 only; every loop is bounded in time and count.
 """
@@ -358,10 +362,11 @@ def run_server(
             latencies, failures, wall = go(args.duration, args.max_requests)
             client_cpu = time.process_time() - client0
             after, cpu1 = server.get("/v1/stats"), server.cpu_seconds()
-            row = _row(name, batch, latencies, failures, wall, before, after, cpu1 - cpu0)
+            per = getattr(args, "images_per_request", 1)
+            row = _row(name, batch, latencies, failures, wall, before, after, cpu1 - cpu0, per)
             loop_cpu = server.loop_cpu_seconds() - loop0
             n = len(latencies)
-            row["cpu_ms_loop"] = 1000 * loop_cpu / n if n else float("nan")
+            row["cpu_ms_loop"] = 1000 * loop_cpu / (n * per) if n else float("nan")
             # the load generator's own CPU (this process): it shares the machine with the server
             row["client_cpu_ms_per_request"] = 1000 * client_cpu / n if n else float("nan")
             rows.append(row)
@@ -377,15 +382,24 @@ def _row(
     before: dict[str, Any],
     after: dict[str, Any],
     cpu: float,
+    per_request: int = 1,
 ) -> dict[str, Any]:
+    """One mode's row. ``requests``, ``throughput`` and the CPU figures count *images* (HTTP
+    requests × ``per_request``; the latencies are per HTTP request, ``http_requests`` their
+    number); the client's CPU stays per HTTP request."""
     calls = after["engine_calls"] - before["engine_calls"]
     instances = after["instances"] - before["instances"]
     compute = after["compute_seconds_total"] - before["compute_seconds_total"]
-    done = len(latencies)
+    stats = latency_stats(latencies, failures, wall)
+    done = len(latencies) * per_request
+    stats["requests"] = done
+    stats["throughput"] = done / wall
     return {
         "mode": name,
         "max_batch_size": batch,
-        **latency_stats(latencies, failures, wall),
+        **stats,
+        "http_requests": len(latencies),
+        "images_per_request": per_request,
         "mean_batch": instances / calls if calls else 0.0,
         "cpu_ms_per_request": 1000 * cpu / done if done else float("nan"),
         "cpu_share": cpu / wall,
@@ -476,14 +490,21 @@ PROTOCOLS = ("/v1 JSON", "/v1 PNG", "/v2 JSON", "/v2 binary", "gRPC")
 UNBATCHED = ("/v1 JSON", "/v2 binary")  # also run without batching
 
 
-def workloads(images: torch.Tensor, k: int, model: str, names: Sequence[str]) -> list[Workload]:
+MULTI_IMAGE = ("/v1 JSON", "/v2 JSON", "/v2 binary")  # protocols with N images per request
+
+
+def workloads(
+    images: torch.Tensor, k: int, model: str, names: Sequence[str], per_request: int = 1
+) -> list[Workload]:
     import load_protocols as lp
 
+    if per_request > 1 and set(names) - set(MULTI_IMAGE):
+        raise ValueError(f"several images per request only with {', '.join(MULTI_IMAGE)}")
     make = {
-        "/v1 JSON": lambda: lp.v1_json(images, k),
+        "/v1 JSON": lambda: lp.v1_json(images, k, per_request),
         "/v1 PNG": lambda: lp.v1_png(images, k),
-        "/v2 JSON": lambda: lp.v2_json(images, k, model),
-        "/v2 binary": lambda: lp.v2_binary(images, k, model),
+        "/v2 JSON": lambda: lp.v2_json(images, k, model, per_request),
+        "/v2 binary": lambda: lp.v2_binary(images, k, model, per_request),
         "gRPC": lambda: (None, lp.grpc_requests(images, k, model)),
     }
     return [(name, *make[name]()) for name in names]
@@ -560,12 +581,23 @@ def main(argv: list[str] | None = None) -> int:
         help=f"comma-separated subset of {', '.join(PROTOCOLS)}",
     )
     add_load_options(p, per="mode", threads_help="torch threads (server and engine)")
+    p.add_argument(
+        "--images-per-request",
+        type=int,
+        default=1,
+        help=f"images in each request ({', '.join(MULTI_IMAGE)} only; ≤ --max-batch-size)",
+    )
     args = p.parse_args(argv)
+    per = args.images_per_request
+    if not 1 <= per <= args.max_batch_size:
+        p.error(f"--images-per-request must be in 1 … --max-batch-size ({args.max_batch_size})")
     if not 0 < args.duration <= MAX_DURATION_S or args.clients < 1 or args.max_requests < 1:
         p.error(f"need 0 < --duration ≤ {MAX_DURATION_S}, --clients ≥ 1, --max-requests ≥ 1")
     names = [n.strip() for n in args.protocols.split(",") if n.strip()]
     if not names or set(names) - set(PROTOCOLS):
         p.error(f"--protocols: choose from {', '.join(PROTOCOLS)}")
+    if per > 1 and set(names) - set(MULTI_IMAGE):
+        p.error(f"--images-per-request > 1 works with {', '.join(MULTI_IMAGE)} only")
 
     tmp = Path(tempfile.mkdtemp(prefix="bayesgate-bench-"))
     try:
@@ -577,16 +609,18 @@ def main(argv: list[str] | None = None) -> int:
             model_dir = stand_in_model(args.stand_in, tmp / "stand-in")
             model_note = f"untrained {args.stand_in} stand-in, no bundled model yet"
         card = json.loads((model_dir / "card.json").read_text())
-        work = workloads(mnist_images(64), args.k, card["name"], names)
+        work = workloads(mnist_images(64 * per), args.k, card["name"], names, per)
         load_start = os.getloadavg()[0]
         print(
             f"model {card['name']} ({model_note}); K={args.k}; {args.clients} clients; "
-            f"{args.duration:g} s per mode; {args.threads} torch thread(s); 1 image per request; "
+            f"{args.duration:g} s per mode; {args.threads} torch thread(s); "
+            f"{per} image{'s' if per > 1 else ''} per request; "
             f"{os.cpu_count()} CPUs, load average {load_start:.1f}",
             flush=True,
         )
         batched = run_server(model_dir, args, args.max_batch_size, work)
-        single = run_server(model_dir, args, 1, [w for w in work if w[0] in UNBATCHED])
+        unbatched = [w for w in work if w[0] in UNBATCHED] if per == 1 else []
+        single = run_server(model_dir, args, 1, unbatched) if unbatched else []
         sizes = {1, args.max_batch_size // 2} | {max(1, round(r["mean_batch"])) for r in batched}
         engines = {b: engine_alone(model_dir, b, args) for b in sorted(sizes)}
     finally:

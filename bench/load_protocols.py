@@ -1,6 +1,7 @@
 """Request bodies of each protocol for ``bench/load.py``, and the gRPC load driver.
 
-One image per request at K = ``k``:
+One image per request at K = ``k`` (``/v1 JSON`` and both ``/v2`` bodies also with ``per_request``
+images each: consecutive images, ``len(images) // per_request`` bodies):
 
 - ``/v1 JSON``: ``{"instances": [[784 numbers]], "mc_samples": k}`` to ``/v1/predict``;
 - ``/v1 PNG``: multipart upload of the 8-bit PNG to ``/v1/predict/file``;
@@ -26,10 +27,19 @@ from PIL import Image
 BOUNDARY = "bayesgate-bench-boundary"
 
 
-def v1_json(images: torch.Tensor, k: int) -> tuple[Protocol, list[bytes]]:
+def groups(images: torch.Tensor, per_request: int) -> list[torch.Tensor]:
+    """``images`` (N×1×28×28) cut into ``N // per_request`` consecutive ``per_request×1×28×28``
+    groups (the remainder is left out)."""
+    if per_request < 1 or per_request > len(images):
+        raise ValueError(f"per_request must be in 1 … {len(images)}, got {per_request}")
+    usable = len(images) // per_request * per_request
+    return list(images[:usable].split(per_request))
+
+
+def v1_json(images: torch.Tensor, k: int, per_request: int = 1) -> tuple[Protocol, list[bytes]]:
     bodies = [
-        json.dumps({"instances": [img.flatten().tolist()], "mc_samples": k}).encode()
-        for img in images
+        json.dumps({"instances": g.flatten(1).tolist(), "mc_samples": k}).encode()
+        for g in groups(images, per_request)
     ]
     return Protocol("/v1 JSON", "/v1/predict", "application/json"), bodies
 
@@ -58,7 +68,9 @@ def v1_png(images: torch.Tensor, k: int) -> tuple[Protocol, list[bytes]]:
     return Protocol("/v1 PNG", "/v1/predict/file", content_type), bodies
 
 
-def v2_json(images: torch.Tensor, k: int, model: str) -> tuple[Protocol, list[bytes]]:
+def v2_json(
+    images: torch.Tensor, k: int, model: str, per_request: int = 1
+) -> tuple[Protocol, list[bytes]]:
     bodies = [
         json.dumps(
             {
@@ -66,29 +78,31 @@ def v2_json(images: torch.Tensor, k: int, model: str) -> tuple[Protocol, list[by
                     {
                         "name": "input",
                         "datatype": "FP32",
-                        "shape": [1, *img.shape],
-                        "data": img.flatten().tolist(),
+                        "shape": list(g.shape),
+                        "data": g.flatten().tolist(),
                     }
                 ],
                 "parameters": {"mc_samples": k},
             }
         ).encode()
-        for img in images
+        for g in groups(images, per_request)
     ]
     return Protocol("/v2 JSON", f"/v2/models/{model}/infer", "application/json"), bodies
 
 
-def v2_binary(images: torch.Tensor, k: int, model: str) -> tuple[Protocol, list[bytes]]:
+def v2_binary(
+    images: torch.Tensor, k: int, model: str, per_request: int = 1
+) -> tuple[Protocol, list[bytes]]:
     bodies, lengths = [], []
-    for img in images:
-        raw = img.numpy().astype("<f4").tobytes()
+    for g in groups(images, per_request):
+        raw = g.numpy().astype("<f4").tobytes()
         header = json.dumps(
             {
                 "inputs": [
                     {
                         "name": "input",
                         "datatype": "FP32",
-                        "shape": [1, *img.shape],
+                        "shape": list(g.shape),
                         "parameters": {"binary_data_size": len(raw)},
                     }
                 ],

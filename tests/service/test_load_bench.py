@@ -112,3 +112,54 @@ def test_a_short_run_measures_a_real_server_and_the_engine(
     assert result["model"] == "tiny-mlp" and result["best_protocol"] == "/v2 binary"
     assert "best service / engine" in printed and "/v2 binary unbatched" in printed
     assert sys.modules["load"] is load
+
+
+def test_several_images_per_request_are_counted_per_image(
+    load: ModuleType,
+    tiny_model_dir: Path,
+    mnist_root: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--images-per-request 3``: each body holds 3 consecutive images (so every engine call has
+    at least 3 rows), the figures count images, and no unbatched server is run."""
+    import load_protocols as lp
+    import torch
+
+    images = torch.rand(10, 1, 28, 28)
+    protocol, bodies = lp.v2_binary(images, 5, "m", per_request=3)
+    assert len(bodies) == 3  # the tenth image is left out
+    head = json.loads(bodies[1][: protocol.header_lengths[1]])
+    assert head["inputs"][0]["shape"] == [3, 1, 28, 28]
+    raw = bodies[1][protocol.header_lengths[1] :]
+    assert raw == images[3:6].numpy().astype("<f4").tobytes()
+    _, v1 = lp.v1_json(images, 5, per_request=3)
+    assert len(json.loads(v1[0])["instances"]) == 3
+    with pytest.raises(ValueError, match="per_request"):
+        lp.groups(images, 11)
+
+    monkeypatch.setenv("BAYESGATE_DATA_DIR", str(mnist_root))
+    out = tmp_path / "load.json"
+    argv = ["--model-dir", str(tiny_model_dir), "--duration", "1", "--clients", "4"]
+    argv += ["--max-batch-size", "8", "--protocols", "/v2 binary", "--images-per-request", "3"]
+    assert load.main([*argv, "--json", str(out)]) == 0
+    assert "3 images per request" in capsys.readouterr().out
+    rows = {r["mode"]: r for r in json.loads(out.read_text())["rows"]}
+    assert "/v2 binary unbatched" not in rows
+    r = rows["/v2 binary"]
+    assert r["failed"] == 0 and r["images_per_request"] == 3
+    assert r["requests"] == 3 * r["http_requests"] > 0
+    assert 3.0 <= r["mean_batch"] <= 8.0
+    engine = rows[f"engine B={max(1, round(r['mean_batch']))}"]
+    assert r["cpu_ms_outside_model"] == pytest.approx(
+        r["cpu_ms_per_request"] - engine["cpu_ms_per_request"]
+    )
+
+    with pytest.raises(SystemExit) as refused:
+        load.main([*argv[:-4], "--protocols", "/v1 PNG", "--images-per-request", "3"])
+    assert refused.value.code == 2
+    assert "--images-per-request > 1 works with" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        load.main([*argv[:-4], "--protocols", "/v2 binary", "--images-per-request", "9"])
+    assert "must be in 1 … --max-batch-size (8)" in capsys.readouterr().err
