@@ -78,7 +78,8 @@ def test_a_whole_run_reproduces_the_start_and_refines(detector_dir: Path, tmp_pa
     images = tmp_path / "start.npz"
     np.savez(images, x_adv=noisy.numpy())
     args = argparse.Namespace(model=detector_dir, eps=0.3, queries=4, draws=1, limit=40, seed=0,
-                              images=images, threads=1, json=None, no_progress=True)  # fmt: skip
+                              images=images, threads=1, json=None, save=tmp_path / "refined.npz",
+                              no_progress=True)  # fmt: skip
     result = refine_bench.run(args)
     expected = judge(loaded.network.eval(), detector, noisy, y, detector.k, 1_000_003)
     clean = judge(loaded.network.eval(), detector, x, y, detector.k, 1_000_003)
@@ -93,3 +94,9 @@ def test_a_whole_run_reproduces_the_start_and_refines(detector_dir: Path, tmp_pa
     assert result["refined_digits"] == int((margins < 1.0).sum())
     assert 0 <= result["after"]["through"] <= result["after"]["misclassified"]
     assert result["after"]["eligible"] == result["before"]["eligible"]
+    saved = torch.from_numpy(np.load(tmp_path / "refined.npz")["x_adv"])
+    assert saved.shape == x.shape and float((saved - x).abs().max()) <= 0.3 + 1e-6
+    after = judge(loaded.network.eval(), detector, saved, y, detector.k, 1_000_003)
+    assert result["after"]["through"] == int(
+        (clean["correct"] & ~after["correct"] & ~after["flagged"]).sum()
+    )
