@@ -22,7 +22,8 @@ the middleware's request id, access log, HTTP metrics and body limit; the admiss
 the body is read (``submit`` still refuses work that does not fit); the client watch (a job of a
 client that hung up is still computed); the deadline's 504 (the job carries the deadline, the
 worker drops it, the answer is an error body); HTTP pipelining and ``Expect: 100-continue``; the
-shutdown drain of a connection in the middle of such a request.
+shutdown drain of a connection in the middle of such a request; the keep-alive timeout of a
+connection left idle after a fast-path answer (uvicorn arms it when an ASGI cycle completes).
 
     PYTHONPATH=bench/v2_fast_proto BAYESGATE_FAST_V2_PROTO=1 \\
         python bench/load.py --protocols "/v2 binary" --duration 10
