@@ -15,7 +15,10 @@ Prints throughput and p50/p95/p99 latency per mode and the ratios measured in th
 batching ÷ no batching (target ≥ 3 at 32 clients), service ÷ engine at the same mean batch
 (target ≥ 0.6) and the server's CPU per image outside the model (server CPU − engine CPU at that
 batch; target ≤ 0.25 ms for ``/v2 binary``). The engine row is ``mc_predict`` alone: without the
-detector's features or the worker's stop checks.
+detector's features or the worker's stop checks. A second reference, ``served model B=…``
+(:func:`served_model_alone`: the engine call with the detector's features, every uncertainty
+measure and detector score of the answer), gives the CPU outside the *served* model too
+(``outside served``): the first figure counts the detector's own work as outside the model.
 
     python bench/load.py --duration 10             # bundled model, or an untrained CNN stand-in
     python bench/load.py --model-dir runs/cnn --clients 32 --k 10 --json bench.json
@@ -441,6 +444,52 @@ def engine_alone(model_dir: Path, batch: int, args: argparse.Namespace) -> dict[
     }
 
 
+def served_model_alone(model_dir: Path, batch: int, args: argparse.Namespace) -> dict[str, Any]:
+    """What the served model computes per batch, without the server: the engine call with the
+    detector's features (:func:`~bayesgate.service.engine.mc_engine`) plus every uncertainty
+    measure and detector score of the answer (no ``Prediction`` objects, no hand-offs), on
+    ``batch`` images back to back for ``--duration`` seconds; CPU time is this process's."""
+    from bayesgate.models.mc.uncertainty import summary
+    from bayesgate.service.engine import mc_engine
+    from bayesgate.service.served_model import load_served_model
+
+    torch.set_num_threads(args.threads)
+    device = "cpu" if args.device == "auto" else str(args.device)
+    served = load_served_model(model_dir, device)
+    detector = served.detector
+    x = mnist_images(batch).to(device)
+
+    def call() -> None:
+        if detector is None:
+            summary(mc_engine(served.network, x, args.k, None))
+            return
+        out = mc_engine(served.network, x, args.k, None, features=detector.layers)
+        summary(out.probs)
+        detector.scores(out.probs, out.features)
+
+    for _ in range(3):
+        call()
+    calls, start, cpu0 = 0, time.perf_counter(), time.process_time()
+    while time.perf_counter() - start < args.duration and calls * batch < args.max_requests:
+        call()
+        calls += 1
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu0
+    return {
+        "mode": f"served model B={batch}",
+        "max_batch_size": batch,
+        "requests": calls * batch,
+        "failed": 0,
+        "throughput": calls * batch / wall,
+        "p50_ms": float("nan"),
+        "p95_ms": float("nan"),
+        "p99_ms": float("nan"),
+        "mean_ms": 1000 * wall / calls,
+        "mean_batch": float(batch),
+        "cpu_ms_per_request": 1000 * cpu / (calls * batch),
+        "cpu_share": cpu / wall,
+    }
+
+
 COLUMNS = [  # (title, key, format)
     ("mode", "mode", "<22"),
     ("max batch", "max_batch_size", ">10"),
@@ -453,6 +502,7 @@ COLUMNS = [  # (title, key, format)
     ("p99 ms", "p99_ms", ">8.1f"),
     ("CPU ms/img", "cpu_ms_per_request", ">11.2f"),
     ("outside", "cpu_ms_outside_model", ">9.2f"),
+    ("outside served", "cpu_ms_outside_served_model", ">15.2f"),
     ("loop", "cpu_ms_loop", ">7.2f"),
     ("CPU share", "cpu_share", ">10.2f"),
     ("worker ms/img", "worker_ms_per_image", ">14.2f"),
@@ -511,15 +561,25 @@ def workloads(
 
 
 def ratios_and_outside(
-    batched: list[dict[str, Any]], single: list[dict[str, Any]], engines: dict[int, dict]
+    batched: list[dict[str, Any]],
+    single: list[dict[str, Any]],
+    engines: dict[int, dict],
+    served: dict[int, dict] | None = None,
 ) -> dict[str, Any]:
     """Per protocol: server CPU ms per image outside the model (server CPU − engine CPU at the
-    same mean batch), service ÷ engine at that batch; batching ÷ no batching where both ran."""
+    same mean batch), service ÷ engine at that batch; batching ÷ no batching where both ran.
+    With ``served`` (:func:`served_model_alone` rows by batch) also the CPU outside the *served*
+    model (server CPU − engine with features, uncertainty measures and detector scores)."""
     out: dict[str, Any] = {}
     by_name = {r["mode"]: r for r in single}
     for row in batched:
         engine = engines[max(1, round(row["mean_batch"]))]
         row["cpu_ms_outside_model"] = row["cpu_ms_per_request"] - engine["cpu_ms_per_request"]
+        model = (served or {}).get(max(1, round(row["mean_batch"])))
+        if model is not None:
+            row["cpu_ms_outside_served_model"] = (
+                row["cpu_ms_per_request"] - model["cpu_ms_per_request"]
+            )
         row["service_over_engine"] = row["throughput"] / engine["throughput"]
         # the same ratio from CPU per image: robust to the two runs getting different CPU shares
         row["engine_cpu_over_service_cpu"] = (
@@ -623,11 +683,15 @@ def main(argv: list[str] | None = None) -> int:
         single = run_server(model_dir, args, 1, unbatched) if unbatched else []
         sizes = {1, args.max_batch_size // 2} | {max(1, round(r["mean_batch"])) for r in batched}
         engines = {b: engine_alone(model_dir, b, args) for b in sorted(sizes)}
+        served = {
+            b: served_model_alone(model_dir, b, args)
+            for b in sorted({max(1, round(r["mean_batch"])) for r in batched})
+        }
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-    ratios = ratios_and_outside(batched, single, engines)
-    rows = [*batched, *single, *engines.values()]
+    ratios = ratios_and_outside(batched, single, engines, served)
+    rows = [*batched, *single, *engines.values(), *served.values()]
     print(table(rows))
     print(summary(batched, ratios))
     print(f"load average at the start {load_start:.1f}, at the end {os.getloadavg()[0]:.1f}")

@@ -42,7 +42,8 @@ def test_ratios_are_taken_against_the_engine_at_the_rounded_mean_batch(load: Mod
         row("/v2 binary", 1000.0, 1.2, 7.6),  # rounds to 8
     ]
     single = [row("/v2 binary", 250.0, 3.1, 1.0)]
-    ratios = load.ratios_and_outside(batched, single, engines)
+    served = {8: row("served model B=8", 1000.0, 0.95, 8.0)}  # no B=16 reference
+    ratios = load.ratios_and_outside(batched, single, engines, served)
 
     v1, v2 = batched
     assert v1["service_over_engine"] == pytest.approx(900 / 1600)
@@ -51,6 +52,8 @@ def test_ratios_are_taken_against_the_engine_at_the_rounded_mean_batch(load: Mod
     assert "batching_over_no_batching" not in v1  # no unbatched run of /v1 JSON
     assert v2["service_over_engine"] == pytest.approx(1000 / 1200)
     assert v2["cpu_ms_outside_model"] == pytest.approx(1.2 - 0.8)
+    assert v2["cpu_ms_outside_served_model"] == pytest.approx(1.2 - 0.95)
+    assert "cpu_ms_outside_served_model" not in v1  # no served-model row at its batch
     assert v2["batching_over_no_batching"] == pytest.approx(1000 / 250)
     assert single[0]["mode"] == "/v2 binary unbatched"
     assert single[0]["cpu_ms_outside_model"] == pytest.approx(3.1 - 2.0)
@@ -109,6 +112,11 @@ def test_a_short_run_measures_a_real_server_and_the_engine(
         batched["throughput"] / single["throughput"]
     )
     assert {"engine B=1", "engine B=4"} <= set(rows)  # B=1 and max batch ÷ 2 always
+    model = rows[f"served model B={max(1, round(batched['mean_batch']))}"]
+    assert batched["cpu_ms_outside_served_model"] == pytest.approx(
+        batched["cpu_ms_per_request"] - model["cpu_ms_per_request"]
+    )
+    assert model["requests"] > 0 and model["cpu_ms_per_request"] > 0
     assert result["model"] == "tiny-mlp" and result["best_protocol"] == "/v2 binary"
     assert "best service / engine" in printed and "/v2 binary unbatched" in printed
     assert sys.modules["load"] is load
