@@ -101,8 +101,8 @@ def refine(
     best_loss, _ = objective(best)
     accepted = 0
     for i in tqdm(range(queries), desc="queries", disable=not progress):
-        side = square._side(x, p_schedule(p_init, i, queries))
-        candidate = square._square_step(x, best, side, rng)
+        side = square.side(x, p_schedule(p_init, i, queries))
+        candidate = square.square_step(x, best, side, rng)
         loss, _ = objective(candidate)
         better = loss < best_loss
         best[better] = candidate[better]

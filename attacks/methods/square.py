@@ -105,8 +105,8 @@ class Square(Attack):
             active = torch.nonzero(best_margin > -self.confidence).squeeze(1)
             if active.numel() == 0:
                 break
-            side = self._side(x, p_schedule(self.p_init, i, self.queries))
-            candidate = self._square_step(x[active], best[active], side, rng)
+            side = self.side(x, p_schedule(self.p_init, i, self.queries))
+            candidate = self.square_step(x[active], best[active], side, rng)
             m = margin(query(candidate), y[active])
             better = m < best_margin[active]
             best[active[better]] = candidate[better]
@@ -119,12 +119,13 @@ class Square(Attack):
         return (x + self.eps * signs).clamp(CLIP_MIN, CLIP_MAX)
 
     @staticmethod
-    def _side(x: torch.Tensor, p: float) -> int:
+    def side(x: torch.Tensor, p: float) -> int:
+        """Side of a square covering a fraction ``p`` of the pixels (1 … min(H, W) − 1)."""
         c, h, w = x.shape[1:]
         side = round(math.sqrt(p * c * h * w / c))
         return min(max(side, 1), min(h, w) - 1)
 
-    def _square_step(
+    def square_step(
         self, x: torch.Tensor, best: torch.Tensor, side: int, rng: torch.Generator
     ) -> torch.Tensor:
         """One candidate per image: ``best`` with one ``side``×``side`` window set to ``clip(x ±
