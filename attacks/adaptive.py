@@ -127,7 +127,7 @@ class AdaptivePGD:
             first[success & (first < 0)] = t
             if t == self.steps:
                 break
-            grad = torch.autograd.grad(self._loss(m, score, threshold).sum(), x_t)[0]
+            grad = torch.autograd.grad(self.loss(m, score, threshold).sum(), x_t)[0]
             x_t = self._project(x_t.detach() - self.alpha * grad.sign(), x)
         found = first >= 0
         best[~found] = x_t.detach()[~found]
@@ -137,7 +137,7 @@ class AdaptivePGD:
         """With λ = 0 (plain PGD) the attack ignores the detector altogether."""
         return score <= threshold if self.weight > 0 else torch.ones_like(score, dtype=torch.bool)
 
-    def _loss(self, m: torch.Tensor, score: torch.Tensor, threshold: float) -> torch.Tensor:
+    def loss(self, m: torch.Tensor, score: torch.Tensor, threshold: float) -> torch.Tensor:
         """``relu(m + κ) + λ·g·relu(s − threshold + δ)`` per example (module docstring)."""
         gate = (m < 0).detach().to(m.dtype) if self.schedule == "misclassify-first" else 1.0
         detector = torch.relu(score - threshold + self.delta)

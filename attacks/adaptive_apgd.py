@@ -120,7 +120,7 @@ class AdaptiveAPGD(AdaptivePGD):
 
         def gain(out: tuple[torch.Tensor, torch.Tensor], _y: torch.Tensor) -> torch.Tensor:
             m, score = out
-            return -self._loss(m, score, threshold)  # APGD maximises
+            return -self.loss(m, score, threshold)  # APGD maximises
 
         run = APGDRun(query, gain, x[todo], y[todo], self.eps, self.steps, generator)
         return run.run().clamp(CLIP_MIN, CLIP_MAX)

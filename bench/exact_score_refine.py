@@ -45,12 +45,15 @@ EVAL_SEED_OFFSET = 1_000_003  # adaptive-eval's verdict seed: settings.seed + th
 
 
 def adaptive_loss(log_p: torch.Tensor, y: torch.Tensor, score: torch.Tensor, threshold: float):
-    """Per row ``relu(m + κ) + λ·1[m < 0]·relu(s − threshold + δ)`` and the margin ``m``."""
+    """Per row the adaptive attack's own loss (:meth:`AdaptivePGD.loss
+    <bayesgate.attacks.adaptive.AdaptivePGD.loss>`: ``relu(m + κ) + λ·1[m < 0]·relu(s −
+    threshold + δ)``, misclassify-first) and the margin ``m``."""
+    from bayesgate.attacks.adaptive import AdaptivePGD
     from bayesgate.attacks.methods.square import margin
 
+    attack = AdaptivePGD(weight=WEIGHT, kappa=KAPPA, delta=DELTA)
     m = margin(log_p, y)
-    gate = (m < 0).to(score.dtype)
-    return torch.relu(m + KAPPA) + WEIGHT * gate * torch.relu(score - threshold + DELTA), m
+    return attack.loss(m, score, threshold), m
 
 
 class ExactObjective:

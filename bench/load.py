@@ -414,22 +414,20 @@ def _row(
     }
 
 
-def engine_alone(model_dir: Path, batch: int, args: argparse.Namespace) -> dict[str, Any]:
-    """``mc_predict`` on ``batch`` images back to back for ``--duration`` seconds (this process,
-    ``--threads`` torch threads); CPU time is this process's, i.e. the engine's."""
-    torch.set_num_threads(args.threads)
-    device = torch.device("cpu" if args.device == "auto" else args.device)
-    net = load_model(model_dir, device).network
-    x = mnist_images(batch).to(device)
+def back_to_back(
+    call: Callable[[], Any], mode: str, batch: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    """``call()`` (one batch of ``batch`` images) three times to warm up, then back to back for
+    ``--duration`` seconds (at most ``--max-requests`` images); CPU time is this process's."""
     for _ in range(3):
-        mc_predict(net, x, args.k)
+        call()
     calls, start, cpu0 = 0, time.perf_counter(), time.process_time()
     while time.perf_counter() - start < args.duration and calls * batch < args.max_requests:
-        mc_predict(net, x, args.k)
+        call()
         calls += 1
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu0
     return {
-        "mode": f"engine B={batch}",
+        "mode": mode,
         "max_batch_size": batch,
         "requests": calls * batch,
         "failed": 0,
@@ -444,11 +442,21 @@ def engine_alone(model_dir: Path, batch: int, args: argparse.Namespace) -> dict[
     }
 
 
+def engine_alone(model_dir: Path, batch: int, args: argparse.Namespace) -> dict[str, Any]:
+    """``mc_predict`` on ``batch`` images back to back (:func:`back_to_back`, this process,
+    ``--threads`` torch threads); CPU time is this process's, i.e. the engine's."""
+    torch.set_num_threads(args.threads)
+    device = torch.device("cpu" if args.device == "auto" else args.device)
+    net = load_model(model_dir, device).network
+    x = mnist_images(batch).to(device)
+    return back_to_back(lambda: mc_predict(net, x, args.k), f"engine B={batch}", batch, args)
+
+
 def served_model_alone(model_dir: Path, batch: int, args: argparse.Namespace) -> dict[str, Any]:
     """What the served model computes per batch, without the server: the engine call with the
     detector's features (:func:`~bayesgate.service.engine.mc_engine`) plus every uncertainty
     measure and detector score of the answer (no ``Prediction`` objects, no hand-offs), on
-    ``batch`` images back to back for ``--duration`` seconds; CPU time is this process's."""
+    ``batch`` images back to back (:func:`back_to_back`)."""
     from bayesgate.models.mc.uncertainty import summary
     from bayesgate.service.engine import mc_engine
     from bayesgate.service.served_model import load_served_model
@@ -467,27 +475,7 @@ def served_model_alone(model_dir: Path, batch: int, args: argparse.Namespace) ->
         summary(out.probs)
         detector.scores(out.probs, out.features)
 
-    for _ in range(3):
-        call()
-    calls, start, cpu0 = 0, time.perf_counter(), time.process_time()
-    while time.perf_counter() - start < args.duration and calls * batch < args.max_requests:
-        call()
-        calls += 1
-    wall, cpu = time.perf_counter() - start, time.process_time() - cpu0
-    return {
-        "mode": f"served model B={batch}",
-        "max_batch_size": batch,
-        "requests": calls * batch,
-        "failed": 0,
-        "throughput": calls * batch / wall,
-        "p50_ms": float("nan"),
-        "p95_ms": float("nan"),
-        "p99_ms": float("nan"),
-        "mean_ms": 1000 * wall / calls,
-        "mean_batch": float(batch),
-        "cpu_ms_per_request": 1000 * cpu / (calls * batch),
-        "cpu_share": cpu / wall,
-    }
+    return back_to_back(call, f"served model B={batch}", batch, args)
 
 
 COLUMNS = [  # (title, key, format)

@@ -44,16 +44,18 @@ ATTACKS = {  # detect-eval cache file prefixes (the robust table's settings)
 
 def logit_scores(logits: torch.Tensor) -> dict[str, torch.Tensor]:
     """Every score of the module docstring from ``B×K×C`` logits (higher = more suspicious)."""
-    log_p = torch.log_softmax(logits, dim=-1)
-    p = log_p.exp()
-    p_bar = p.mean(dim=1)
-    entropy = -(p_bar * p_bar.clamp_min(1e-12).log()).sum(-1)
-    expected = -(p * log_p).sum(-1).mean(dim=1)
+    from bayesgate.models.mc.uncertainty import (
+        mutual_information,
+        predictive_entropy,
+        predictive_mean,
+    )
+
+    p = torch.softmax(logits, dim=-1)
     mean_logits = logits.mean(dim=1)
-    return {
-        "entropy": entropy,
-        "mutual_information": entropy - expected,
-        "one_minus_max_p": 1.0 - p_bar.max(dim=-1).values,
+    return {  # the served measures' own functions for the first two
+        "entropy": predictive_entropy(p),
+        "mutual_information": mutual_information(p),
+        "one_minus_max_p": 1.0 - predictive_mean(p).max(dim=-1).values,
         "energy_mean": -torch.logsumexp(logits, dim=-1).mean(dim=1),
         "energy_of_mean": -torch.logsumexp(mean_logits, dim=-1),
         "neg_max_logit": -mean_logits.max(dim=-1).values,

@@ -14,6 +14,7 @@ from bayesgate.service.httptools_protocol import BoundedHttpToolsProtocol
 
 INFER = re.compile(rb"^/v2/models/([^/?]+)/infer$")
 HEADER = b"inference-header-content-length"
+_INFER_MODELS: dict[int, Any] = {}  # id(settings) → its typed InferRequest model
 
 
 def find_app(app: Any) -> Any:
@@ -76,8 +77,9 @@ class FastV2Protocol(BoundedHttpToolsProtocol):
         if name != served.name:
             raise ModelNotFound(f"unknown model {name!r}")
         header = next((v.decode() for n, v in self.headers if n == HEADER), None)
-        model = getattr(self, "_infer_model", None) or infer_request_model(settings)
-        FastV2Protocol._infer_model = model
+        model = _INFER_MODELS.get(id(settings))
+        if model is None:  # one typed request model per settings object, as the app builds it
+            model = _INFER_MODELS[id(settings)] = infer_request_model(settings)
         parsed = decode_infer(body, header, model, served, settings.max_instances)
         k = default_mc_samples(settings, served) if parsed.mc_samples is None else parsed.mc_samples
         job = worker.submit(
