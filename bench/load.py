@@ -137,6 +137,7 @@ class Server:
         stop_timeout_s: float = 15.0,
     ) -> None:
         full_env = {**os.environ, **env, "BAYESGATE_MODEL_DIR": str(model_dir)}
+        self.env = full_env
         self.base = f"http://{HOST}:{port}"
         self.stop_timeout_s = stop_timeout_s
         self.errors = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed in __exit__)
@@ -161,12 +162,26 @@ class Server:
         except (OSError, ValueError, IndexError):
             return float("nan")
 
+    def loop_pid(self) -> int:
+        """The process whose main thread runs the event loop: the server's own, except under
+        ``bench/granian_proto`` (``BAYESGATE_GRANIAN_PROTO=1`` or ``asgi``), where granian's
+        supervisor serves from its one worker process."""
+        if self.env.get("BAYESGATE_GRANIAN_PROTO") in ("1", "asgi"):
+            children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
+            for child in map(int, children.split()):  # also multiprocessing's resource tracker
+                if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
+                    return child
+        return self.proc.pid
+
     def loop_cpu_seconds(self) -> float:
-        """CPU time of the server's main thread, where uvicorn runs the event loop: the request
-        path (HTTP, routing, middleware, decoding of small bodies, encoding); the model runs in
-        the worker thread, large bodies are decoded in other threads."""
+        """CPU time of the serving process's main thread, where uvicorn (or granian's worker)
+        runs the event loop: the request path (HTTP, routing, middleware, decoding of small
+        bodies, encoding); the model runs in the worker thread, large bodies are decoded in
+        other threads. Under granian the HTTP parsing and writing run in its Rust threads, not
+        counted here."""
         try:
-            stat = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/stat").read_text()
+            pid = self.loop_pid()
+            stat = Path(f"/proc/{pid}/task/{pid}/stat").read_text()
             fields = stat.rsplit(")", 1)[1].split()
             return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
         except (OSError, ValueError, IndexError):

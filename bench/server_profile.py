@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                 spy,
                 "record",
                 "-p",
-                str(server.proc.pid),
+                str(server.loop_pid()),  # the serving process (granian: its worker)
                 "-f",
                 "raw",
                 "-t",

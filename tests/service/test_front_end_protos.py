@@ -1,6 +1,7 @@
-"""bench/v2_fast_proto: the prototype answers ``/v2`` binary requests exactly as the service does
-(same bytes for the same seed) and leaves every other request to the app — else its load figures
-would measure something else."""
+"""The issue-19 front-end prototypes (``bench/v2_fast_proto``: the route inside uvicorn's httptools
+protocol; ``bench/granian_proto``: the service behind granian's Rust HTTP server) answer ``/v2``
+binary requests exactly as the service does (same bytes for the same seed) and leave every other
+request to the app — else their load figures would measure something else."""
 
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ import torch
 
 from tests.bench_scripts import BENCH, load_bench
 
-PROTO = BENCH / "v2_fast_proto"
+PROTOS = {  # prototype directory → the variable that turns it on
+    "v2_fast_proto": "BAYESGATE_FAST_V2_PROTO",
+    "granian_proto": "BAYESGATE_GRANIAN_PROTO",
+}
 
 
 @pytest.fixture()
@@ -49,13 +53,14 @@ def infer(base: str, name: str, x: torch.Tensor, seed: int, content_type: str | 
         return e.code, None, e.read(), e.headers
 
 
+@pytest.mark.parametrize("proto", sorted(PROTOS))
 def test_the_prototype_answers_as_the_service_does(
-    load: ModuleType, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+    proto: str, load: ModuleType, tiny_model_dir: Path
 ) -> None:
     name = json.loads((tiny_model_dir / "card.json").read_text())["name"]
     x = torch.rand(3, 1, 28, 28, generator=torch.Generator().manual_seed(0))
     env = {"BAYESGATE_LOG_LEVEL": "warning", "BAYESGATE_NUM_THREADS": "1"}
-    proto_env = {**env, "PYTHONPATH": str(PROTO), "BAYESGATE_FAST_V2_PROTO": "1"}
+    proto_env = {**env, "PYTHONPATH": str(BENCH / proto), PROTOS[proto]: "1"}
     with (
         load.Server(tiny_model_dir, load.free_port(), env) as plain,
         load.Server(tiny_model_dir, load.free_port(), proto_env) as fast,
@@ -79,3 +84,31 @@ def test_the_prototype_answers_as_the_service_does(
         b = infer(fast.base, name, x[:1], 7, "application/json")
         assert a[0] == b[0] and a[2] == b[2] and b[3].get("x-request-id")
         assert fast.get("/v1/stats")["requests_succeeded"] >= 2
+
+
+def test_granian_asgi_serves_the_unchanged_app(load: ModuleType, tiny_model_dir: Path) -> None:
+    """``BAYESGATE_GRANIAN_PROTO=asgi``: every request goes through the app (its middleware sets
+    the request id), and the answers are the service's bytes."""
+    name = json.loads((tiny_model_dir / "card.json").read_text())["name"]
+    x = torch.rand(2, 1, 28, 28, generator=torch.Generator().manual_seed(1))
+    env = {"BAYESGATE_LOG_LEVEL": "warning", "BAYESGATE_NUM_THREADS": "1"}
+    asgi_env = {
+        **env,
+        "PYTHONPATH": str(BENCH / "granian_proto"),
+        "BAYESGATE_GRANIAN_PROTO": "asgi",
+    }
+    with (
+        load.Server(tiny_model_dir, load.free_port(), env) as plain,
+        load.Server(tiny_model_dir, load.free_port(), asgi_env) as granian,
+    ):
+        plain.wait_ready()
+        granian.wait_ready()
+        assert granian.loop_pid() != granian.proc.pid  # served from granian's worker process
+        for content_type in (None, "application/json"):
+            a = infer(plain.base, name, x, 3, content_type)
+            b = infer(granian.base, name, x, 3, content_type)
+            assert a[0] == b[0] == 200 and a[2] == b[2]
+            assert b[3].get("x-request-id")
+        status, _, body, _ = infer(granian.base, "nope", x[:1], 1, None)
+        assert status == 404 and "unknown model 'nope'" in json.loads(body)["error"]
+        assert granian.get("/v1/stats")["requests_succeeded"] >= 2
