@@ -172,6 +172,20 @@ def evaluate_adaptive(
     }
 
 
+def served_draw(
+    network: nn.Module,
+    detector: Detector,
+    x: torch.Tensor,
+    k: int,
+    seed: int,
+    device: torch.device | str = "cpu",
+) -> tuple[torch.Tensor, np.ndarray]:
+    """What the served verdict reads from one MC draw (``k`` passes, masks seeded ``seed``): the
+    predictive mean ``p̄ = (1/K)·Σ_k p(y|x, ω_k)`` (B×C) and the detector's score (B,)."""
+    probs, features = collect_features(network, x, k, seed=seed, device=device)
+    return predictive_mean(probs), scores_numpy(detector, probs, features)[detector.score]
+
+
 def judge(
     network: nn.Module,
     detector: Detector,
@@ -184,9 +198,8 @@ def judge(
     """The served verdict of one MC draw (``k`` passes, masks seeded ``seed``): ``correct``
     (predictive-mean argmax = label), ``flagged`` (the detector's score > its threshold) and
     ``score``."""
-    probs, features = collect_features(network, x, k, seed=seed, device=device)
-    score = scores_numpy(detector, probs, features)[detector.score]
-    pred = predictive_mean(probs).argmax(dim=1)
+    mean, score = served_draw(network, detector, x, k, seed, device)
+    pred = mean.argmax(dim=1)
     return {
         "correct": (pred == y).numpy(),
         "flagged": score > float(detector.threshold),

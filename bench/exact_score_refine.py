@@ -65,18 +65,14 @@ class ExactObjective:
         self.network, self.detector, self.y, self.seeds = network, detector, y, seeds
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        from bayesgate.models.detection.detector import collect_features, scores_numpy
-        from bayesgate.models.mc.uncertainty import predictive_mean
+        from bayesgate.attacks.adaptive_eval import served_draw
 
         losses, margins = [], []
         threshold = float(self.detector.threshold)
         for seed in self.seeds:
-            probs, features = collect_features(self.network, x, self.detector.k, seed=seed)
-            score = torch.from_numpy(
-                scores_numpy(self.detector, probs, features)[self.detector.score]
-            )
-            log_p = predictive_mean(probs).clamp_min(1e-30).log().double()
-            loss, m = adaptive_loss(log_p, self.y, score, threshold)
+            mean, score = served_draw(self.network, self.detector, x, self.detector.k, seed)
+            log_p = mean.clamp_min(1e-30).log().double()
+            loss, m = adaptive_loss(log_p, self.y, torch.from_numpy(score), threshold)
             losses.append(loss)
             margins.append(m)
         return torch.stack(losses).mean(0), torch.stack(margins).mean(0)
