@@ -18,7 +18,11 @@ batch; target ≤ 0.25 ms for ``/v2 binary``). The engine row is ``mc_predict`` 
 detector's features or the worker's stop checks. A second reference, ``served model B=…``
 (:func:`served_model_alone`: the engine call with the detector's features, every uncertainty
 measure and detector score of the answer), gives the CPU outside the *served* model too
-(``outside served``): the first figure counts the detector's own work as outside the model.
+(``outside served``): the first figure counts the detector's own work as outside the model. A
+third, measured in the same run and process (``outside calls``): the server's CPU beyond the
+worker thread's own CPU in its engine calls (``compute_cpu_seconds_total`` of ``/v1/stats``;
+with ``--threads 1``, where torch computes on that thread) — the forward with the detector's
+features, not the detector's scores or the uncertainty measures (the answer thread's).
 
     python bench/load.py --duration 10             # bundled model, or an untrained CNN stand-in
     python bench/load.py --model-dir runs/cnn --clients 32 --k 10 --json bench.json
@@ -408,6 +412,9 @@ def _row(
     calls = after["engine_calls"] - before["engine_calls"]
     instances = after["instances"] - before["instances"]
     compute = after["compute_seconds_total"] - before["compute_seconds_total"]
+    compute_cpu = after.get("compute_cpu_seconds_total", 0.0) - before.get(
+        "compute_cpu_seconds_total", 0.0
+    )
     stats = latency_stats(latencies, failures, wall)
     done = len(latencies) * per_request
     stats["requests"] = done
@@ -426,6 +433,11 @@ def _row(
         # them (1 = it never waited for work)
         "worker_ms_per_image": 1000 * compute / instances if instances else float("nan"),
         "worker_busy": compute / wall,
+        # the worker thread's CPU in those calls, and the server's CPU beyond it, per image: a
+        # reference for "the model" measured in the same run, in the same process (the engine
+        # rows are timed later, in this process); valid for one torch thread (--threads 1)
+        "worker_cpu_ms_per_image": 1000 * compute_cpu / instances if instances else float("nan"),
+        "cpu_ms_outside_engine_calls": 1000 * (cpu - compute_cpu) / done if done else float("nan"),
     }
 
 
@@ -506,6 +518,7 @@ COLUMNS = [  # (title, key, format)
     ("CPU ms/img", "cpu_ms_per_request", ">11.2f"),
     ("outside", "cpu_ms_outside_model", ">9.2f"),
     ("outside served", "cpu_ms_outside_served_model", ">15.2f"),
+    ("outside calls", "cpu_ms_outside_engine_calls", ">14.2f"),
     ("loop", "cpu_ms_loop", ">7.2f"),
     ("CPU share", "cpu_share", ">10.2f"),
     ("worker ms/img", "worker_ms_per_image", ">14.2f"),

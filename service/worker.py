@@ -119,7 +119,8 @@ class Job:
 @dataclass(eq=False)
 class Computed:
     """An engine call's outputs waiting for their answers: the jobs (in row order), the model
-    that computed them, ``probs`` ``B×K×C`` and the detector's features, the call's seconds."""
+    that computed them, ``probs`` ``B×K×C`` and the detector's features, the call's seconds (wall
+    time) and the worker thread's CPU seconds in it."""
 
     jobs: list[Job]
     model: ServedModel
@@ -127,6 +128,7 @@ class Computed:
     features: dict[str, torch.Tensor] | None
     size: int
     engine_seconds: float
+    engine_cpu_seconds: float = 0.0
 
 
 @dataclass(eq=False)
@@ -171,13 +173,19 @@ class WorkerStats:
         self.engine_calls = 0
         self.queue_seconds = 0.0
         self.compute_seconds = 0.0
+        self.compute_cpu_seconds = 0.0
         self.batch_sizes: deque[int] = deque(maxlen=window)  # instances per engine call
         self.requests_per_batch: deque[int] = deque(maxlen=window)  # requests per engine call
 
-    def record_call(self, instances: int, requests: int, seconds: float, ok: bool) -> None:
+    def record_call(
+        self, instances: int, requests: int, seconds: float, ok: bool, cpu_seconds: float = 0.0
+    ) -> None:
+        """One engine call: ``seconds`` of wall time, ``cpu_seconds`` of the worker thread's CPU
+        (``time.thread_time``)."""
         with self._lock:
             self.engine_calls += 1
             self.compute_seconds += seconds
+            self.compute_cpu_seconds += cpu_seconds
             self.batch_sizes.append(instances)
             self.requests_per_batch.append(requests)
             if ok:
@@ -209,6 +217,10 @@ class WorkerStats:
                 "requests_per_batch_mean": sum(per_batch) / len(per_batch) if per_batch else 0.0,
                 "queue_seconds_mean": self.queue_seconds / done if done else 0.0,
                 "compute_seconds_total": self.compute_seconds,
+                # the worker thread's CPU in engine calls: the model's own CPU in this server
+                # when torch runs on that one thread (BAYESGATE_NUM_THREADS=1; with more, the
+                # intra-op threads' share is not in it)
+                "compute_cpu_seconds_total": self.compute_cpu_seconds,
                 "recent_batch_sizes": sizes[-64:],
             }
 
@@ -669,7 +681,7 @@ class BatchWorker:
         model = self.model
         k, seed = jobs[0].k, jobs[0].seed
         size = sum(job.size for job in jobs)
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.thread_time()
         try:
             x = torch.cat([job.x for job in jobs]).to(model.device)
             generator = None
@@ -686,7 +698,8 @@ class BatchWorker:
             return
         seconds = time.perf_counter() - start
         self._pass_seconds.append(seconds / (size * k))
-        computed = Computed(list(jobs), model, probs, features, size, seconds)
+        cpu = time.thread_time() - cpu_start
+        computed = Computed(list(jobs), model, probs, features, size, seconds, cpu)
         with self._answering_lock:
             self._answering.append(computed)
         self._computed.put(computed)  # waits while the answer thread has one batch waiting
@@ -716,7 +729,13 @@ class BatchWorker:
         except Exception as exc:
             self._fail(jobs, exc, size, computed.engine_seconds)
             return
-        self.stats.record_call(size, len(jobs), computed.engine_seconds, ok=True)
+        self.stats.record_call(
+            size,
+            len(jobs),
+            computed.engine_seconds,
+            ok=True,
+            cpu_seconds=computed.engine_cpu_seconds,
+        )
         if self.metrics is not None:
             self.metrics.observe_engine_call(size, computed.engine_seconds)
             self.metrics.count_requests("succeeded", len(jobs))

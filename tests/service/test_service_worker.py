@@ -321,3 +321,41 @@ async def test_an_error_while_answering_fails_only_that_batch(
         worker.stop()
     snapshot = worker.stats.snapshot()
     assert (snapshot["requests_failed"], snapshot["requests_succeeded"]) == (1, 1)
+
+
+def timed_engine(seconds: float, spin: bool) -> Engine:
+    """:func:`encoding_engine` that first spends ``seconds`` sleeping (no CPU) or spinning on
+    the worker thread (CPU)."""
+    inner = encoding_engine([])
+
+    def run(network: nn.Module, x: torch.Tensor, k: int, g: torch.Generator | None) -> Any:
+        end = time.perf_counter() + seconds
+        if spin:
+            while time.perf_counter() < end:
+                pass
+        else:
+            time.sleep(seconds)
+        return inner(network, x, k, g)
+
+    return run
+
+
+async def test_stats_split_engine_time_into_wall_and_worker_thread_cpu(
+    serving: Callable[[Settings], Any], make_settings: Callable[..., Settings]
+) -> None:
+    """``compute_cpu_seconds_total`` is the worker thread's CPU in engine calls: ≈ the call's wall
+    time when it computes, ≈ 0 when it waits (bench/load.py's same-run model reference)."""
+    body = {"instances": [image_with_code(3)], "mc_samples": 2}
+    totals = {}
+    for spin in (False, True):
+        async with serving(make_settings(max_batch_size=1)) as (app, c):
+            app.state.worker.engine = timed_engine(0.1, spin)
+            for _ in range(3):
+                assert (await c.post("/v1/predict", json=body)).status_code == 200
+            stats = (await c.get("/v1/stats")).json()
+        assert stats["compute_seconds_total"] >= 0.3
+        totals[spin] = (stats["compute_seconds_total"], stats["compute_cpu_seconds_total"])
+    wall, cpu = totals[False]
+    assert cpu < 0.1 * wall  # sleeping: the thread used (almost) no CPU
+    wall, cpu = totals[True]
+    assert 0.5 * wall < cpu <= wall + 0.01  # spinning: CPU ≈ wall (less if the machine is busy)
