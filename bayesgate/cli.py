@@ -20,6 +20,7 @@ from bayesgate.errors import UserError
 # dependencies may be missing in a slim install) are skipped with a note if they fail to import.
 COMMAND_MODULES = (
     "bayesgate.models.cli",
+    "bayesgate.models.data.cli",
     "bayesgate.attacks.cli",
     "bayesgate.attacks.robust_cli",
     "bayesgate.service.cli",

@@ -204,3 +204,32 @@ def test_resolve_mirrors(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(DataError, match="no MNIST download mirrors"):
         resolve_mirrors([" "])
     assert download.MIRRORS_ENV == "BAYESGATE_MNIST_MIRRORS"
+
+
+def test_fetch_data_command(
+    tmp_path: Path, mirror: Mirror, source: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``bayesgate fetch-data``: the four files, verified, then nothing fetched again; a mirror
+    that refuses is a one-line error (exit 2), not a traceback."""
+    from bayesgate.cli import main
+
+    argv = ["fetch-data", "--data-dir", str(tmp_path), "--mirror", mirror.url("ok")]
+    assert main([*argv, "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    for name in MNIST_FILES:
+        assert sha256(tmp_path / "mnist" / name) == sha256(source / name)
+        assert f"downloaded  {tmp_path / 'mnist' / name}" in out
+    count = len(mirror.requests)
+    assert main([*argv, "--no-progress"]) == 0
+    assert len(mirror.requests) == count and capsys.readouterr().out.count("present") == 4
+
+    empty = tmp_path / "other"
+    refused = socket.socket()
+    refused.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{refused.getsockname()[1]}/"
+    refused.close()
+    assert main(["fetch-data", "--data-dir", str(empty), "--mirror", url, "--timeout", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bayesgate: error: could not download") and "Traceback" not in err
+    assert main(["fetch-data", "--data-dir", str(empty), "--timeout", "0"]) == 2
+    assert "--timeout must be > 0" in capsys.readouterr().err
