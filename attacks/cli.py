@@ -11,7 +11,7 @@ from typing import Any
 from bayesgate.attacks.methods import ATTACKS, Attack
 from bayesgate.attacks.methods.base import parameter_defaults
 from bayesgate.attacks.specs import DEFAULT_ATTACKS, build_attack, parse_attack, spec_help
-from bayesgate.errors import InvalidArgument
+from bayesgate.errors import InvalidArgument, check_at_least
 from bayesgate.models.device import DEVICE_CHOICES, pick_device
 from bayesgate.models.mc.uncertainty import SCORES
 
@@ -133,11 +133,6 @@ def _register_sweep(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_sweep)
 
 
-def _positive(name: str, value: int | None) -> None:
-    if value is not None and value < 1:
-        raise InvalidArgument(f"{name} must be ≥ 1, got {value}")
-
-
 def _attack(args: argparse.Namespace) -> Attack:
     """The attack of ``bayesgate attack``: ``--spec``, else ``--attack`` with the parameter flags
     given (a flag the attack does not have is an error naming its parameters)."""
@@ -158,7 +153,7 @@ def cmd_attack(args: argparse.Namespace) -> int:
 
     attack = _attack(args)
     for name in ("k", "k_eval", "limit", "batch_size"):
-        _positive(name.replace("_", "-"), getattr(args, name))
+        check_at_least("--" + name.replace("_", "-"), getattr(args, name))
     device = pick_device(args.device)
     loaded = load_model(args.model, device)
     k = args.k or loaded.card.inference.k_attack
@@ -197,7 +192,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from bayesgate.models.store.directory import load_model
 
     for name in ("k", "k_attack", "val_limit", "test_limit", "batch_size"):
-        _positive(name.replace("_", "-"), getattr(args, name))
+        check_at_least("--" + name.replace("_", "-"), getattr(args, name))
     device = pick_device(args.device)
     loaded = load_model(args.model, device)
     run = calibrate(
@@ -246,7 +241,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from bayesgate.models.store.directory import load_model
 
     for name in ("k", "k_eval", "limit", "batch_size", "steps"):
-        _positive(name.replace("_", "-"), getattr(args, name))
+        check_at_least("--" + name.replace("_", "-"), getattr(args, name))
     device = pick_device(args.device)
     models = [load_model(d, device) for d in args.models]
     t0 = time.perf_counter()

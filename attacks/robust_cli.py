@@ -99,8 +99,10 @@ def _settings(args: argparse.Namespace) -> RobustSettings:
 
 
 def _floats(text: str, flag: str) -> tuple[float, ...]:
+    """``"0.1,0.2"`` → ``(0.1, 0.2)``; an empty item (``"0.1,,0.2"``, a trailing comma) or a
+    non-number is an error naming ``flag``."""
     try:
-        return tuple(float(e) for e in text.split(",") if e.strip())
+        return tuple(float(e) for e in text.split(","))
     except ValueError as exc:
         raise InvalidArgument(f"{flag} must be comma-separated numbers, got {text!r}") from exc
 

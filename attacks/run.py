@@ -175,9 +175,9 @@ def run_attack(
     device = torch.device(device)
     attack = parse_attack(attack) if isinstance(attack, str) else attack
     _check_run(x, y, batch_size)
+    target = attack_targets(model, x, y, attack, seed, device)  # a bad target fails before work
     if clean_pred is None:
         _, clean_pred = mc_predictions(model, x, k_eval, device=device, seed=seed)
-    target = attack_targets(model, x, y, attack, seed, device)
     labels = target if attack.targeted else clean_pred
     x_adv = attack_in_batches(
         model,

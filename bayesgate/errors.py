@@ -27,3 +27,10 @@ class ModelStoreError(UserError):
 
 class DeviceUnavailable(UserError, RuntimeError):
     """The device asked for (e.g. ``cuda``) is not present on this host."""
+
+
+def check_at_least(flag: str, value: int | None, minimum: int = 1) -> None:
+    """:class:`InvalidArgument` naming ``flag`` when ``value`` (``None``: not given) is below
+    ``minimum`` — counts, sizes and limits (``minimum=1``), seeds (``minimum=0``)."""
+    if value is not None and value < minimum:
+        raise InvalidArgument(f"{flag} must be ≥ {minimum}, got {value}")

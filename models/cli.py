@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from bayesgate.errors import InvalidArgument
+from bayesgate.errors import InvalidArgument, check_at_least
 from bayesgate.models import adversarial_cli
 from bayesgate.models.data.mnist import DEFAULT_VAL_SIZE
 from bayesgate.models.device import DEVICE_CHOICES, pick_device, set_threads
@@ -19,7 +19,7 @@ from bayesgate.models.networks.bbb.layers import SAMPLING_MODES
 from bayesgate.models.networks.registry import build_network, preset_architecture, preset_names
 from bayesgate.models.store.directory import ModelCard, load_model, save_model, write_card
 from bayesgate.models.training.adversarial import AdversarialConfig
-from bayesgate.models.training.checkpoint import Checkpointing
+from bayesgate.models.training.checkpoint import STATE_FILE, Checkpointing
 from bayesgate.models.training.train import (
     LOSSES,
     LR_SCHEDULES,
@@ -197,6 +197,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     model = build_network(arch)
     print(f"training {name} on {train_data[0].shape[0]} images, device {device}, checkpoint "
           f"{checkpointing.directory}", file=sys.stderr)  # fmt: skip
+    if args.resume and not (Path(checkpointing.directory) / STATE_FILE).is_file():
+        # not an error: a long run is launched with --resume every time (bench/long_runs.py)
+        print(f"--resume: no checkpoint in {checkpointing.directory} yet; starting at epoch 1",
+              file=sys.stderr)  # fmt: skip
     transform, on_epoch = _epoch_hooks(
         args, model, adversarial, config, (train_data, val_data), device, checkpointing
     )
@@ -359,11 +363,26 @@ def _model_card(
     return card
 
 
+def writable_parent(path: Path, flag: str) -> None:
+    """Create ``path``'s folder now (as the commands' other outputs do), so that a path that
+    cannot be written fails before the work, as one line naming ``flag``."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        msg = f"{flag} {path}: cannot create {path.parent} ({exc.strerror or exc})"
+        raise InvalidArgument(msg) from None
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from bayesgate.models.data.mnist import load_mnist
     from bayesgate.models.mc.uncertainty import kwon_uncertainty
     from bayesgate.models.training.evaluate import collect_mc, metrics_from_mc
 
+    for flag in ("k", "limit", "batch_size"):
+        check_at_least("--" + flag.replace("_", "-"), getattr(args, flag))
+    check_at_least("--seed", args.seed, minimum=0)
+    if args.json:
+        writable_parent(args.json, "--json")
     device = pick_device(args.device)
     loaded = load_model(args.model, device)
     x, y = load_mnist(args.split, val_size=loaded.card.training.val_size, limit=args.limit)

@@ -123,3 +123,15 @@ def test_the_adaptive_step_runs_against_a_fitted_detector(model_copy: Path, tmp_
     assert 0.0 <= adaptive["clean_fpr"] <= 1.0
     line = next(x for x in (out / "robust.md").read_text().splitlines() if "| 0.2 | 12 |" in x)
     assert line.split(" | ")[-2] == f"{100 * adaptive['by_eps']['0.2']:.1f} %"
+
+
+@pytest.mark.parametrize("eps", ["0.1,,0.2", "0.1,", "0.1,x"])
+def test_an_empty_or_bad_eps_item_is_an_error(
+    eps: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--eps 0.1,,0.2`` was read as ``0.1,0.2``: a typo that silently dropped a radius."""
+    code = main(["evaluate-robust", str(tmp_path / "m"), "--out", str(tmp_path), "--eps", eps])
+    err = capsys.readouterr().err.strip()
+    assert (
+        code == 2 and err == f"bayesgate: error: --eps must be comma-separated numbers, got {eps!r}"
+    )

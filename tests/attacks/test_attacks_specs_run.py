@@ -148,3 +148,19 @@ def test_run_attack_on_a_dropout_net_leaves_its_parameters_alone() -> None:
     assert all(p.requires_grad for p in net.parameters())  # parameters unfrozen afterwards
     assert all(p.grad is None for p in net.parameters())  # and never accumulated gradients
     assert all(torch.equal(a, b) for a, b in zip(before, net.parameters(), strict=True))
+
+
+def test_a_target_out_of_range_fails_before_any_prediction(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The target is checked before the clean MC predictions of every image (a full test split
+    took minutes before ``target class 99 out of range`` was reported)."""
+    from bayesgate.attacks import run
+
+    net = LinearNet()
+    x, y, _ = _data(net)
+
+    def no_predictions(*args: object, **kwargs: object) -> None:
+        raise AssertionError("clean predictions computed before the target was checked")
+
+    monkeypatch.setattr(run, "mc_predictions", no_predictions)
+    with pytest.raises(ValueError, match="target class 99 out of range for 3 classes"):
+        run_attack(net, x, y, "targeted:target=99", k=2, k_eval=2)

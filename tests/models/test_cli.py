@@ -221,10 +221,13 @@ def test_train_resume_continues_to_the_same_weights(tmp_path: Path, data_env: No
     ckpt_dir = tmp_path / "ckpt"
     assert _run([*common, "--epochs", "2", "--out", str(tmp_path / "once")])[0] == 0
     first = [*common, "--checkpoint-dir", str(ckpt_dir), "--out", str(tmp_path / "twice")]
+    code, _, stderr = _run([*first, "--epochs", "1", "--resume"])  # nothing to resume yet
+    assert code == 0 and f"--resume: no checkpoint in {ckpt_dir} yet; starting at epoch 1" in stderr
     assert _run([*first, "--epochs", "1"])[0] == 0
     code, _, stderr = _run([*first, "--epochs", "2", "--resume", "--lr", "0.02"])
     assert code == 2 and "lr=0.01" in stderr and "lr=0.02" in stderr
-    assert _run([*first, "--epochs", "2", "--resume"])[0] == 0
+    code, _, stderr = _run([*first, "--epochs", "2", "--resume"])
+    assert code == 0 and "no checkpoint" not in stderr
     once, twice = _weights(tmp_path / "once"), _weights(tmp_path / "twice")
     assert all(torch.equal(once[k], twice[k]) for k in once)
     training = load_model(tmp_path / "twice").card.training
@@ -251,3 +254,41 @@ def test_threads_must_be_positive(tmp_path: Path, data_env: None) -> None:
         assert code == 0 and torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--k", "0"], "--k must be ≥ 1, got 0"),
+        (["--k", "-5"], "--k must be ≥ 1, got -5"),
+        (["--limit", "0"], "--limit must be ≥ 1, got 0"),
+        (["--batch-size", "0"], "--batch-size must be ≥ 1, got 0"),
+        (["--seed", "-1"], "--seed must be ≥ 0, got -1"),
+    ],
+)
+def test_evaluate_checks_its_numbers_first(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    """One line naming the flag, before any model or data is read (the model does not exist)."""
+    code = main(["evaluate", str(tmp_path / "no-model"), *flags, "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err == [f"bayesgate: error: {message}"]
+
+
+def test_evaluate_json_path_is_checked_before_the_work(
+    trained, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, _, _, _ = trained
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    target = blocker / "metrics.json"  # its folder would have to be inside a file
+    code = main(["evaluate", str(out), "--k", "2", "--limit", "5", "--json", str(target),
+                 "--no-progress", "--device", "cpu"])  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""  # no metrics printed: it stopped first
+    assert captured.err.startswith(f"bayesgate: error: --json {target}: cannot create {blocker}")
+    # a folder that does not exist yet is made, as for the other commands' outputs
+    nested = tmp_path / "new" / "dir" / "metrics.json"
+    code = main(["evaluate", str(out), "--k", "2", "--limit", "5", "--json", str(nested),
+                 "--no-progress", "--device", "cpu"])  # fmt: skip
+    assert code == 0 and json.loads(nested.read_text())["images"] == 5
