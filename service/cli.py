@@ -133,6 +133,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     try:
         settings.admin_key()  # an unreadable or short key file: one line, before anything starts
+        if not args.ray:
+            check_listen(settings.host, settings.port, "--host/--port")
+            if settings.grpc_port is not None:
+                check_listen(settings.host, settings.grpc_port, "--grpc-port")
         pick_device(settings.device)
         load_served_model(settings.model_dir, "cpu")  # fail fast, before uvicorn starts
     except (StartupError, RuntimeError) as exc:
@@ -176,6 +180,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if own_runtime_dir is not None:
             shutil.rmtree(own_runtime_dir, ignore_errors=True)
     return 0
+
+
+def check_listen(host: str, port: int, flags: str) -> None:
+    """Bind ``(host, port)`` once and let go, before the model loads: a name that does not
+    resolve or an address in use is one line naming ``flags`` (uvicorn would report it after the
+    start-up, as a log line, with exit code 3)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise InvalidArgument(f"{flags}: cannot resolve host {host!r} ({exc.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise InvalidArgument(
+                f"{flags}: cannot listen on {host}:{port} ({exc.strerror or exc})"
+            ) from None
 
 
 def run_uvicorn(config: uvicorn.Config) -> None:

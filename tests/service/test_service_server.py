@@ -194,6 +194,37 @@ def test_invalid_setting_is_a_one_line_error(
     assert "greater than or equal to 1" in err and "\n" not in err
 
 
+def test_an_address_in_use_or_unknown_host_is_one_line_before_the_model_loads(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Was a JSON log line from uvicorn after the start-up, exit code 3."""
+    import socket
+
+    from bayesgate.service import cli as service_cli
+
+    def no_model(*_: object, **__: object) -> None:
+        raise AssertionError("the model was loaded before the address was checked")
+
+    monkeypatch.setattr("bayesgate.service.served_model.load_served_model", no_model)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--port", str(port)]) == 2
+        err = capsys.readouterr().err
+        assert err == (
+            f"bayesgate: error: --host/--port: cannot listen on 127.0.0.1:{port} "
+            "(Address already in use)\n"
+        )
+        assert main(["serve", "--port", str(free_port()), "--grpc-port", str(port)]) == 2
+        assert "--grpc-port: cannot listen on" in capsys.readouterr().err
+    assert main(["serve", "--host", "no-such-host.invalid", "--port", str(free_port())]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bayesgate: error: --host/--port: cannot resolve host")
+    assert err.count("\n") == 1
+    service_cli.check_listen("127.0.0.1", free_port(), "--port")  # a free port passes
+
+
 def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.startswith("BAYESGATE_"):
