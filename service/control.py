@@ -5,9 +5,10 @@ Two kinds of change (routes in :mod:`bayesgate.service.routes.admin`):
 - **reload**: read the model and ``calibration.json`` again from the configured
   ``BAYESGATE_MODEL_DIR`` — through the model store, so the weights' sha256 is checked against the
   card and the calibration must belong to those weights. The new network runs one warm-up pass
-  before it replaces the old one; on any problem the old model keeps serving and the route answers
-  409 naming the file. The input spec (shape, range, number of classes) must not change: queued
-  requests were validated against it. A reload drops any score/threshold override.
+  (with the K a request without ``mc_samples`` gets) before it replaces the old one; on any
+  problem the old model keeps serving and the route answers 409 naming the file. The input spec
+  (shape, range, number of classes) must not change: queued requests were validated against it.
+  A reload drops any score/threshold override.
 - **decision override**: replace the active score and/or its threshold of ``calibration.json``
   (``score > threshold`` flags an input), or clear the override.
 
@@ -35,6 +36,7 @@ from pathlib import Path
 import torch
 
 from bayesgate.models.mc.engine import mc_predict, mc_predict_features
+from bayesgate.service.deps import default_mc_samples
 from bayesgate.service.errors import InvalidInput, ReloadFailed, StartupError
 from bayesgate.service.metrics import Metrics
 from bayesgate.service.prediction import predictions
@@ -120,13 +122,14 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def _warm(serving: ServedModel) -> None:
-    """One pass through what a request runs: the engine and, with a detector, its scores."""
+def _warm(serving: ServedModel, k: int) -> None:
+    """One pass through what a request without ``mc_samples`` runs (``k`` passes): the engine
+    and, with a detector, its scores."""
     x = torch.zeros(1, *serving.input_shape, device=serving.device)
     if serving.detector is None:
-        mc_predict(serving.network, x, 2, generator=None)
+        mc_predict(serving.network, x, k, generator=None)
         return
-    out = mc_predict_features(serving.network, x, 2, generator=None)
+    out = mc_predict_features(serving.network, x, k, generator=None)
     predictions(out.probs, serving, out.features)
 
 
@@ -233,7 +236,7 @@ class ModelControl:
                 f"(shape, range, classes) {old_spec} → {new_spec}; restart the server instead"
             )
         try:
-            await asyncio.to_thread(_warm, fresh)
+            await asyncio.to_thread(_warm, fresh, default_mc_samples(self.settings, fresh))
         except Exception as exc:
             raise ReloadFailed(
                 f"reload failed, still serving {current.name}: warm-up pass raised "

@@ -5,7 +5,9 @@
 Start-up and reloads go through :func:`load_served_model`; every problem (missing or tampered
 weights, broken card, missing or mismatched ``calibration.json``, a detector it references that is
 missing, changed or fitted for other weights) becomes one :class:`StartupError` whose message
-names the file and the problem.
+names the file and the problem. The store checks the card against the network (input shape,
+number of classes) and ``calibration.json``'s every field; here the card's name must also be
+one the routes can serve (:func:`served_name_problem`).
 
 The decision (:attr:`ServedModel.decision`, ``score > threshold`` flags an input) is the admin's
 override when there is one, else the fused detector's (``bayesgate fit-detector``, referenced from
@@ -29,7 +31,7 @@ from bayesgate.models.detection.store import DETECTOR_JSON
 from bayesgate.models.device import pick_device
 from bayesgate.models.mc.uncertainty import SCORES
 from bayesgate.models.store.calibration import Calibration, read_calibration
-from bayesgate.models.store.directory import ModelCard, ModelStoreError, load_model
+from bayesgate.models.store.directory import CARD_FILE, ModelCard, ModelStoreError, load_model
 from bayesgate.service.errors import StartupError
 from bayesgate.service.settings import bundled_model_names
 
@@ -188,6 +190,9 @@ def load_served_model(directory: Path | str, device: str = "auto") -> ServedMode
         raise StartupError(f"device: {exc}") from exc
     try:
         loaded = load_model(directory, dev)
+        problem = served_name_problem(loaded.card.name)
+        if problem is not None:
+            raise ModelStoreError(f"{directory / CARD_FILE}: name: {problem}")
         calibration = read_calibration(directory, weights_sha256=loaded.card.weights_sha256)
         detector = _referenced_detector(directory, calibration, loaded.card.weights_sha256)
     except ModelStoreError as exc:
@@ -200,6 +205,31 @@ def load_served_model(directory: Path | str, device: str = "auto") -> ServedMode
         directory=directory,
         detector=detector,
     )
+
+
+MAX_NAME_LENGTH = 256  # the name is in every response, log line and metric label
+
+
+def served_name_problem(name: str) -> str | None:
+    """Why a card's ``name`` cannot be served, ``None`` when it can: clients reach the model at
+    ``/v1/models/{name}`` and ``/v2/models/{name}/…``, one path segment, so the name must be
+    non-empty, without ``/``, not ``.`` or ``..`` (clients resolve those away), without
+    surrounding whitespace and without control characters (it is also in log lines and metric
+    labels), at most :data:`MAX_NAME_LENGTH` characters."""
+    shown = repr(name) if len(name) <= 60 else repr(name[:59]) + "…"  # repr escapes controls
+    if not name.strip():
+        return "empty; /v2/models/{name} needs a name"
+    if len(name) > MAX_NAME_LENGTH:
+        return f"{shown} has {len(name)} characters, more than {MAX_NAME_LENGTH}"
+    if "/" in name:
+        return f"{shown} contains '/', so /v2/models/{{name}} cannot reach it"
+    if name in (".", ".."):
+        return f"{shown} is a relative path segment, so /v2/models/{{name}} cannot reach it"
+    if name != name.strip():
+        return f"{shown} has leading or trailing whitespace"
+    if not name.isprintable():
+        return f"{shown} contains control or other non-printable characters"
+    return None
 
 
 def _referenced_detector(

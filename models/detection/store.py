@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,8 @@ from bayesgate.models.detection.fusion import LogisticFusion
 from bayesgate.models.detection.kde import ClassKDE
 from bayesgate.models.detection.mahalanobis import ClassGaussians
 from bayesgate.models.detection.quadratic import ClassQuadratic
+from bayesgate.models.store.calibration import MAX_K
+from bayesgate.models.store.checks import brief, first_line
 from bayesgate.models.store.directory import (
     ModelStoreError,
     _atomic_write,
@@ -73,11 +76,64 @@ def load_detector(directory: Path | str, weights_sha256: str | None = None) -> D
             f"{path}: fitted for weights {str(meta.get('model_sha256'))[:16]}…, but the model's "
             f"weights are {weights_sha256[:16]}… (re-run `bayesgate fit-detector`)"
         )
+    problem = metadata_problem(meta)
+    if problem is not None:
+        raise ModelStoreError(f"{path}: {problem}")
     tensors = _read_tensors(directory / DETECTOR_TENSORS, meta.get("statistics_sha256"))
     try:
         return _detector(meta, tensors)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ModelStoreError(f"{path}: {type(exc).__name__}: {exc}") from exc
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise ModelStoreError(f"{path}: {type(exc).__name__}: {first_line(str(exc))}") from exc
+
+
+# detector.json's sections: a JSON object each (``None``: may also be null)
+_SECTIONS: dict[str, bool] = {
+    "mahalanobis": False,
+    "thresholds": False,
+    "quadratic": True,
+    "kde": True,
+    "fusion": True,
+    "conformal": True,
+    "fit": True,
+}
+
+
+def metadata_problem(meta: dict[str, Any]) -> str | None:
+    """``field: problem`` for the first top-level field of ``detector.json`` of the wrong type or
+    range (``k`` a positive integer, not ``true`` or 2.5; thresholds finite numbers; each section
+    an object), ``None`` when they are right; what is inside the sections is checked as they
+    are read (:func:`_detector`)."""
+    for name in ("model_sha256", "statistics_sha256"):
+        if not isinstance(meta.get(name), str):
+            return f"{name} must be a string, got {brief(meta.get(name))}"
+    k = meta.get("k")
+    if not (isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= MAX_K):
+        return f"k must be a positive integer (at most {MAX_K:,}), got {brief(k)}"
+    fpr = meta.get("target_fpr")
+    if not (_finite(fpr) and 0.0 < fpr < 1.0):
+        return f"target_fpr must be in (0, 1), got {brief(fpr)}"
+    for name, nullable in _SECTIONS.items():
+        value = meta.get(name)
+        if not (isinstance(value, dict) or (nullable and value is None)):
+            kind = "a JSON object or null" if nullable else "a JSON object"
+            return f"{name} must be {kind}, got {brief(value)}"
+    bad = [n for n, t in meta["thresholds"].items() if not _finite(t)]
+    if bad:
+        return f"thresholds: {', '.join(bad)} must be finite numbers"
+    kde = meta.get("kde")
+    if kde is not None and not (_finite(kde.get("bandwidth")) and kde["bandwidth"] > 0):
+        return f"kde.bandwidth must be a positive number, got {brief(kde.get('bandwidth'))}"
+    return None
+
+
+def _finite(value: Any) -> bool:
+    """A finite JSON number (not a bool)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def _tensors(detector: Detector) -> dict[str, torch.Tensor]:

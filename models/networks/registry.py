@@ -83,7 +83,7 @@ def build_network(arch: dict[str, Any]) -> nn.Module:
     try:
         return cls(**kwargs)
     except TypeError as exc:
-        raise ValueError(f"architecture {arch} does not fit {cls.__name__}: {exc}") from exc
+        raise ValueError(f"architecture does not fit {cls.__name__}: {exc}") from exc
 
 
 def network_class(type_name: object) -> type[nn.Module]:

@@ -26,6 +26,15 @@ from torch import nn
 from bayesgate.errors import ModelStoreError
 from bayesgate.models.networks.registry import build_network
 from bayesgate.models.store.card import CARD_FORMAT, ModelCard
+from bayesgate.models.store.checks import (
+    MAX_JSON_DEPTH,
+    architecture_problem,
+    check_input_and_classes,
+    first_line,
+    json_value_problem,
+    parse_int,
+    state_mismatch,
+)
 
 __all__ = [  # the card and the error are re-exported for the store's users
     "CALIBRATION_FILE",
@@ -122,16 +131,32 @@ def read_json_object(path: Path, missing: str, kind: str) -> dict[str, Any]:
     """The JSON object in ``path``; ``ModelStoreError`` naming the file otherwise.
 
     ``missing`` completes the message when the file does not exist; ``kind`` names what the
-    file should be (e.g. "a model card").
+    file should be (e.g. "a model card"). Content no reader of the store can use is refused here,
+    naming its field: nesting deeper than :data:`MAX_JSON_DEPTH`, an integer outside the signed
+    64-bit range, a string that is not valid Unicode (a lone surrogate escape such as
+    ``"\\ud800"``).
     """
     if not path.is_file():
         raise ModelStoreError(f"{path}: {missing}")
     try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ModelStoreError(f"{path}: cannot read the file ({exc.strerror or exc})") from exc
+    except UnicodeDecodeError as exc:
+        raise ModelStoreError(f"{path}: not valid JSON ({exc})") from exc
+    try:
+        data = json.loads(text, parse_int=parse_int)
+    except RecursionError:
+        raise ModelStoreError(
+            f"{path}: not valid JSON (nested deeper than {MAX_JSON_DEPTH} levels)"
+        ) from None
+    except ValueError as exc:  # JSONDecodeError, or a number json cannot convert
         raise ModelStoreError(f"{path}: not valid JSON ({exc})") from exc
     if not isinstance(data, dict):
         raise ModelStoreError(f"{path}: not {kind} (expected a JSON object)")
+    problem = json_value_problem(data)
+    if problem is not None:
+        raise ModelStoreError(f"{path}: {problem}")
     return data
 
 
@@ -150,13 +175,24 @@ def write_card(card: ModelCard, directory: Path | str) -> None:
 
 
 def load_model(directory: Path | str, device: torch.device | str = "cpu") -> LoadedModel:
-    """Rebuild the network from the card, verify the weights' sha256 and load them."""
+    """Rebuild the network from the card, verify the weights' sha256 and load them.
+
+    Every problem with the directory is one :class:`ModelStoreError` naming the file and the
+    field: the card's architecture numbers are checked before anything is built, the network is
+    first built without memory (``meta`` device) and its tensor shapes compared with the weights
+    file, and after loading one blank input of the card's ``input.shape`` must run through the
+    network and give one output per name in the card's ``classes``.
+    """
     directory = Path(directory)
     card = read_card(directory)
+    card_path = directory / CARD_FILE
     weights = directory / WEIGHTS_FILE
     if not weights.is_file():
         raise ModelStoreError(f"{weights}: weights file not found")
-    blob = weights.read_bytes()
+    try:
+        blob = weights.read_bytes()
+    except OSError as exc:
+        raise ModelStoreError(f"{weights}: cannot read the file ({exc.strerror or exc})") from exc
     digest = hashlib.sha256(blob).hexdigest()
     if digest != card.weights_sha256:
         raise ModelStoreError(
@@ -168,10 +204,15 @@ def load_model(directory: Path | str, device: torch.device | str = "cpu") -> Loa
         state = load_safetensors(blob)
     except (SafetensorError, ValueError) as exc:
         raise ModelStoreError(f"{weights}: not a valid safetensors file ({exc})") from exc
-    try:
-        network = build_network(card.architecture)
-    except ValueError as exc:
-        raise ModelStoreError(f"{directory / CARD_FILE}: {exc}") from exc
+    problem = architecture_problem(card.architecture)
+    if problem is not None:
+        raise ModelStoreError(f"{card_path}: {problem}")
+    with torch.device("meta"):  # shapes only: nothing allocated whatever the card says
+        skeleton = _build(card.architecture, card_path)
+    mismatch = state_mismatch(skeleton, state)
+    if mismatch is not None:
+        raise ModelStoreError(f"{weights}: weights do not fit the card's architecture ({mismatch})")
+    network = _build(card.architecture, card_path)
     try:
         network.load_state_dict(state, strict=True)
     except RuntimeError as exc:
@@ -179,8 +220,21 @@ def load_model(directory: Path | str, device: torch.device | str = "cpu") -> Loa
         raise ModelStoreError(
             f"{weights}: weights do not fit the card's architecture ({first})"
         ) from exc
-    network.to(device).eval()
+    network.eval()
+    check_input_and_classes(network, card, card_path)
+    network.to(device)
     return LoadedModel(network=network, card=card, directory=directory)
+
+
+def _build(arch: dict[str, Any], card_path: Path) -> nn.Module:
+    """:func:`build_network`, with what the architecture's values make the constructor raise
+    as a :class:`ModelStoreError` naming the card."""
+    try:
+        return build_network(arch)
+    except (ValueError, TypeError, KeyError, RuntimeError, OverflowError) as exc:
+        line = first_line(str(exc), 300) or type(exc).__name__
+        where = "" if line.startswith("architecture") else "architecture: "
+        raise ModelStoreError(f"{card_path}: {where}{line}") from exc
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
