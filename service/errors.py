@@ -13,11 +13,13 @@ a JSON body with the status in :data:`HTTP_STATUS`:
 from __future__ import annotations
 
 import logging
-from typing import Any
+import math
+from typing import Any, get_args
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.routing import compile_path
@@ -211,9 +213,12 @@ def error_response(exc: ServiceError, *, v2: bool = False) -> JSONResponse:
     )
 
 
+_LOCATIONS = ("body", "query", "path", "form")  # where FastAPI found a value, not a field
+
+
 def _location(loc: tuple[Any, ...]) -> str:
     """``("body", "instances", 0)`` → ``instances[0]``."""
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "form")]
+    parts = [str(p) for p in loc if p not in _LOCATIONS]
     out = ""
     for p in parts:
         out += f"[{p}]" if p.isdigit() else (f".{p}" if out else p)
@@ -235,11 +240,58 @@ def _describe(error: dict[str, Any]) -> str:
     if kind == "extra_forbidden":  # name the unknown field at its parent
         return f"{_location(loc[:-1])}: unknown field {str(loc[-1])!r}"
     value = error.get("input")
-    if kind not in ("missing", "one_input") and isinstance(value, _SCALARS):
+    if kind not in ("missing", "one_input", "int_out_of_range") and isinstance(value, _SCALARS):
         shown = repr(value)
         if len(shown) <= 40:
             message = f"{message} (got {shown})"
     return f"{_location(loc)}: {message}"
+
+
+INT64 = 2**63
+
+
+def out_of_range(model: type[BaseModel] | None, error: dict[str, Any]) -> dict[str, Any]:
+    """``error`` as an out-of-range error when an integer field got a whole number beyond 64
+    bits: orjson parses such an integer (``18446744073709551616``) as a float, which the strict
+    field then calls "not a valid integer". The message gives the field's range, read from
+    ``model`` (:func:`integer_bounds`)."""
+    value = error.get("input")
+    if error.get("type") != "int_type" or not isinstance(value, float):
+        return error
+    if not (math.isfinite(value) and value.is_integer() and abs(value) >= INT64):
+        return error
+    message = f"integer out of range: got {value:.6g}, beyond 64 bits"
+    if model is not None:
+        path = [p for p in error.get("loc", ()) if isinstance(p, str) and p not in _LOCATIONS]
+        low, high = integer_bounds(model, path)
+        message += (
+            f"; allowed {-INT64 if low is None else low} … {INT64 - 1 if high is None else high}"
+        )
+    return {**error, "type": "int_out_of_range", "msg": message}
+
+
+def integer_bounds(model: type[BaseModel], path: list[str]) -> tuple[int | None, int | None]:
+    """``(ge, le)`` of the field at ``path`` (names through nested models), None when unknown."""
+    node: Any = model
+    low = high = None
+    for i, name in enumerate(path):
+        fields = getattr(node, "model_fields", {})
+        if name not in fields:
+            return None, None
+        info = fields[name]
+        if i == len(path) - 1:
+            for item in info.metadata:
+                low = getattr(item, "ge", low)
+                high = getattr(item, "le", high)
+            return low, high
+        node = next(
+            (a for a in (info.annotation, *get_args(info.annotation)) if _is_model(a)), None
+        )
+    return low, high
+
+
+def _is_model(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
 
 
 def describe_validation_errors(errors: list[Any], limit: int = 5) -> str:
@@ -274,7 +326,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        message = describe_validation_errors(list(exc.errors()))
+        message = describe_validation_errors([out_of_range(None, e) for e in exc.errors()])
         return error_response(InvalidInput(message), v2=is_v2_path(request.url.path))
 
     @app.exception_handler(StarletteHTTPException)

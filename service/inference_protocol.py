@@ -46,8 +46,9 @@ tensor data (one array operation, not per number) is checked by :func:`parse_inf
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import torch
@@ -62,9 +63,9 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from bayesgate.service.errors import InvalidInput, describe_validation_errors
-from bayesgate.service.inputs import check_values, kind_text
-from bayesgate.service.oip_binary import check_consumed, split_body, tensor_from_bytes
+from bayesgate.service.errors import InvalidInput, describe_validation_errors, out_of_range
+from bayesgate.service.inputs import check_values, kind_text, may_hold_booleans, reject_booleans
+from bayesgate.service.oip_binary import HEADER_NAME, check_consumed, split_body, tensor_from_bytes
 from bayesgate.service.prediction import Prediction
 from bayesgate.service.request_body import parse_json
 from bayesgate.service.schemas import MAX_SEED
@@ -349,14 +350,17 @@ def _input_tensor(
     value_range: tuple[float, float],
     max_instances: int,
     blob: memoryview,
+    source: bytes | None = None,
 ) -> torch.Tensor:
     """The tensor's data (JSON ``data`` or the binary part ``blob``) checked against the card's
-    shape and range (one array operation)."""
+    shape and range (one array operation; booleans in JSON ``data`` as in
+    :func:`~bayesgate.service.inputs.decode_instances`, with the JSON text ``source``)."""
     where = "inputs[0]"
     dims = _input_dims(tensor, shape, max_instances)
     size = tensor.binary_data_size
     if size is None:
-        values = _json_data(tensor.data or [], dims, f"{where}.data")
+        booleans = source is None or may_hold_booleans(source)
+        values = _json_data(tensor.data or [], dims, f"{where}.data", booleans)
     else:
         # a copy first: the bytes are read-only and, after a JSON header of any length, not
         # aligned for float32, which makes numpy's reductions several times slower
@@ -366,8 +370,9 @@ def _input_tensor(
     return torch.from_numpy(values.astype(np.float32, copy=False))
 
 
-def _json_data(data: list[Any], dims: list[int], where: str) -> np.ndarray:
-    """The JSON ``data`` list (flat, or nested as ``dims``) as one array of ``dims``."""
+def _json_data(data: list[Any], dims: list[int], where: str, booleans: bool = True) -> np.ndarray:
+    """The JSON ``data`` list (flat, or nested as ``dims``) as one array of ``dims``; with
+    ``booleans``, a boolean among the numbers is refused (numpy would read it as 0 or 1)."""
     batch = dims[0]
     size = math.prod(dims)
     if len(data) not in (size, batch):
@@ -386,6 +391,8 @@ def _json_data(data: list[Any], dims: list[int], where: str) -> np.ndarray:
     if arr.shape not in ((size,), tuple(dims)):
         got = "×".join(map(str, arr.shape))
         raise InvalidInput(f"{where}: expected {size} numbers or the shape {dims}, got {got}")
+    if booleans:
+        reject_booleans(where, data)
     return arr.reshape(dims).astype(np.float64, copy=False)
 
 
@@ -394,10 +401,12 @@ def parse_infer_request(
     served: ServedModel,
     max_instances: int,
     blob: memoryview | None = None,
+    source: bytes | None = None,
 ) -> ParsedInfer:
     """The validated body's tensor against the served model's card (``blob``: the bytes after
-    the JSON header, binary tensor extension); every rejection is an :class:`InvalidInput`
-    naming the field (→ 400 ``{"error": …}``)."""
+    the JSON header, binary tensor extension; ``source``: the JSON header's text, when known,
+    which spares a body of numbers the per-number boolean check); every rejection is an
+    :class:`InvalidInput` naming the field (→ 400 ``{"error": …}``)."""
     parameters = request.parameters or InferParameters()
     x = _input_tensor(
         request.inputs[0],
@@ -405,6 +414,7 @@ def parse_infer_request(
         served.input_range,
         max_instances,
         memoryview(b"") if blob is None else blob,
+        source,
     )
     outputs = _outputs(request, served)
     return ParsedInfer(
@@ -417,31 +427,49 @@ def parse_infer_request(
     )
 
 
-def validated(model: type[InferRequest], payload: Any) -> InferRequest:
+M = TypeVar("M", bound=BaseModel)
+
+
+def validated(model: type[M], payload: Any) -> M:
     """``payload`` (parsed JSON) as ``model``; :class:`InvalidInput` naming the fields otherwise
-    (the messages FastAPI's validation of the body gave)."""
+    (the messages FastAPI's validation of the body gave; an integer beyond 64 bits is said to be
+    out of range, :func:`out_of_range`)."""
     try:
         return model.model_validate(payload)
     except ValidationError as exc:
-        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
+        errors = [out_of_range(model, {**e, "loc": ("body", *e["loc"])}) for e in exc.errors()]
         raise InvalidInput(describe_validation_errors(errors)) from None
+
+
+BINARY_HINT = (
+    f"; a body with binary tensor data needs the {HEADER_NAME} header (the JSON header's "
+    "length in bytes)"
+)
 
 
 def decode_infer(
     body: bytes,
-    header_length: str | None,
+    header_length: str | Sequence[str] | None,
     model: type[InferRequest],
     served: ServedModel,
     max_instances: int,
 ) -> ParsedInfer:
     """A whole ``/v2`` infer body → :class:`ParsedInfer`: split off the binary part
-    (``Inference-Header-Content-Length``), parse the JSON header (orjson), validate it as
-    ``model`` and check the tensor against the card. Pure CPU work on bytes, so it can run in a
-    thread."""
+    (``Inference-Header-Content-Length``: the header's value, or every value it was sent with),
+    parse the JSON header (orjson), validate it as ``model`` and check the tensor against the
+    card. Pure CPU work on bytes, so it can run in a thread."""
     header, blob = split_body(body, header_length)
     if not header:
         raise InvalidInput("body: missing (expected a JSON object)")
-    return parse_infer_request(validated(model, parse_json(header)), served, max_instances, blob)
+    try:
+        payload = parse_json(header)
+    except InvalidInput as exc:
+        if blob or not exc.message.startswith("body: not valid JSON"):
+            raise
+        raise InvalidInput(exc.message + BINARY_HINT) from None
+    return parse_infer_request(
+        validated(model, payload), served, max_instances, blob, source=header
+    )
 
 
 def _binary_outputs(request: InferRequest, names: list[str], default: bool) -> frozenset[str]:

@@ -28,6 +28,8 @@ import orjson
 from bayesgate.service.errors import InvalidInput
 
 HEADER = "inference-header-content-length"
+HEADER_NAME = "Inference-Header-Content-Length"
+MAX_HEADER_DIGITS = 18  # a byte count past 10¹⁸ is beyond any body; int() never sees more
 
 # OIP datatype → little-endian numpy dtype (BYTES, i.e. length-prefixed strings, is not offered)
 DTYPES: dict[str, np.dtype] = {
@@ -46,22 +48,48 @@ DTYPES: dict[str, np.dtype] = {
 }
 
 
-def split_body(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
-    """``(JSON header, binary rest)`` of a request body; no header → all JSON, empty rest."""
-    if header_length is None:
+def split_body(body: bytes, header_length: str | Sequence[str] | None) -> tuple[bytes, memoryview]:
+    """``(JSON header, binary rest)`` of a request body; no header → all JSON, empty rest.
+
+    ``header_length`` is the ``Inference-Header-Content-Length`` value, or every value the
+    request sent it with (Starlette's ``headers.getlist``); see :func:`header_byte_count`."""
+    n = header_byte_count(header_length)
+    if n is None:
         return body, memoryview(b"")
-    try:
-        n = int(header_length.strip())
-    except ValueError:
-        raise InvalidInput(
-            f"Inference-Header-Content-Length: expected a byte count, got {header_length!r}"
-        ) from None
     if not 0 < n <= len(body):
-        raise InvalidInput(
-            f"Inference-Header-Content-Length: {n} is not within the body of {len(body)} bytes"
-        )
+        raise InvalidInput(f"{HEADER_NAME}: {n} is not within the body of {len(body)} bytes")
     view = memoryview(body)
     return bytes(view[:n]), view[n:]
+
+
+def header_byte_count(values: str | Sequence[str] | None) -> int | None:
+    """The byte count of ``Inference-Header-Content-Length`` (None when absent).
+
+    A value is ASCII digits only, as ``Content-Length``: ``+151``, ``1_51``, ``151.0`` or
+    non-ASCII digits, which Python's ``int()`` would take, are a 400. Only the optional white
+    space around a field value (spaces and tabs, RFC 9110 §5.5), which is not part of the value
+    and which h11 strips before the app sees it, is ignored. The header sent twice with
+    different values is a 400 naming it (the same value twice is that value)."""
+    if values is None:
+        return None
+    if isinstance(values, str):
+        values = [values]
+    counts = {value.strip(" \t") for value in values}
+    if not counts:
+        return None
+    if len(counts) > 1:
+        shown = ", ".join(repr(v[:40]) for v in sorted(counts))
+        raise InvalidInput(
+            f"{HEADER_NAME}: sent {len(values)} times with different values ({shown}); send it once"
+        )
+    (count,) = counts
+    if not (count.isascii() and count.isdigit()):
+        raise InvalidInput(
+            f"{HEADER_NAME}: expected a byte count (ASCII digits only), got {count[:40]!r}"
+        )
+    if len(count) > MAX_HEADER_DIGITS:
+        raise InvalidInput(f"{HEADER_NAME}: {count[:40]}… bytes is beyond any body")
+    return int(count)
 
 
 def tensor_from_bytes(

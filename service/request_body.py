@@ -25,6 +25,7 @@ returns, however it returns.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -43,21 +44,31 @@ MAX_FORM_FIELDS = 8
 
 
 def parse_json(body: bytes) -> Any:
-    """The request body as JSON; :class:`InvalidInput` for invalid JSON or absurd nesting.
+    """The request body as JSON; :class:`InvalidInput` for invalid JSON, absurd nesting or a
+    number too long to read.
 
     orjson parses (several times faster than ``json``); what it rejects — ``NaN``/``Infinity``
-    literals, integers past 64 bits, errors — goes through ``json.loads`` so those inputs keep
-    their field-level messages (``values must be finite``, ``seed``) or JSON's own error."""
+    literals, numbers beyond a double, errors — goes through ``json.loads`` so those inputs keep
+    their field-level messages (``values must be finite``, ``seed``) or JSON's own error. (orjson
+    reads an integer beyond 64 bits as a float; the validation says it is out of range.) An
+    integer of more digits than Python converts (``sys.get_int_max_str_digits()``, 4300) is
+    "number too long", not Python's advice to raise that limit."""
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError:
         pass
     try:
         return json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InvalidInput(f"body: not valid JSON ({exc})") from None
     except RecursionError:
         raise InvalidInput("body: JSON nested too deeply") from None
+    except ValueError as exc:  # int(): more digits than sys.get_int_max_str_digits()
+        if "digits" not in str(exc):
+            raise InvalidInput(f"body: not valid JSON ({exc})") from None
+        raise InvalidInput(
+            f"body: number too long (an integer of more than {sys.get_int_max_str_digits()} digits)"
+        ) from None
 
 
 def media_type(request: Request) -> str:
@@ -163,7 +174,7 @@ class ReadTensorBody(ReadBodyFirst):
     as ``request.state.binary_data`` (a memoryview; empty without the header)."""
 
     def json_part(self, request: Request, body: bytes) -> bytes:
-        header, request.state.binary_data = split_body(body, request.headers.get(HEADER))
+        header, request.state.binary_data = split_body(body, request.headers.getlist(HEADER))
         return header
 
     def parses_as_json(self, content_type: str) -> bool:

@@ -25,7 +25,7 @@ from bayesgate.service.auth import require_admin
 from bayesgate.service.control import AdminState, ModelControl
 from bayesgate.service.deps import ServedDep
 from bayesgate.service.errors import InvalidInput
-from bayesgate.service.request_body import ReadBodyFirst
+from bayesgate.service.request_body import ReadBodyFirst, require_media_type
 from bayesgate.service.schemas import error_responses
 
 router = APIRouter(
@@ -35,6 +35,9 @@ router = APIRouter(
     responses=error_responses(401, 403, 422, 503),
     route_class=ReadBodyFirst,
 )
+# A JSON object sent as text/plain (or without a type) is refused by its Content-Type (415), not
+# called "not a JSON object"; after the key check, so an anonymous caller still gets 401/403.
+JSON_ONLY = Depends(require_media_type("application/json"))
 
 
 class ThresholdRequest(BaseModel):
@@ -97,7 +100,12 @@ async def reload(request: Request, _: ServedDep) -> dict[str, Any]:
     return _result(request, state)
 
 
-@router.put("/threshold", response_model=AdminResult)
+@router.put(
+    "/threshold",
+    response_model=AdminResult,
+    responses=error_responses(415),
+    dependencies=[JSON_ONLY],
+)
 async def set_threshold(body: ThresholdRequest, request: Request, _: ServedDep) -> dict[str, Any]:
     """Flag inputs by ``score > threshold``; a missing score keeps the active one, a missing
     threshold takes calibration.json's for that score."""

@@ -24,6 +24,7 @@ import torch
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from bayesgate.attacks.methods import Attack
 from bayesgate.service.demo_attack import (
@@ -40,6 +41,7 @@ from bayesgate.service.errors import (
     ServiceError,
     UnsupportedMediaType,
     describe_validation_errors,
+    out_of_range,
 )
 from bayesgate.service.inputs import decode_images, decode_instances
 from bayesgate.service.prediction import Prediction
@@ -84,8 +86,11 @@ async def page() -> Response:
 
 @page_router.get("/static/{name}")
 async def static_file(name: str) -> Response:
+    """One of the page's files; any other name is the service's JSON 404 (``http_error``)."""
     if name not in STATIC_FILES:
-        return Response(status_code=404)
+        raise StarletteHTTPException(
+            404, f"no static file {name[:80]!r}; the page's files are {', '.join(STATIC_FILES)}"
+        )
     return Response(_static(name), media_type=STATIC_FILES[name], headers=PAGE_HEADERS)
 
 
@@ -238,7 +243,8 @@ async def attack_request(request: Request) -> AttackRequest:
     try:
         return AttackRequest.model_validate(payload)
     except ValidationError as exc:
-        raise InvalidInput(describe_validation_errors(exc.errors())) from None
+        errors = [out_of_range(AttackRequest, e) for e in exc.errors()]
+        raise InvalidInput(describe_validation_errors(errors)) from None
 
 
 @router.post(

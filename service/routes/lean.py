@@ -133,6 +133,7 @@ class PredictEndpoint(LeanEndpoint):
                 served.input_shape,
                 served.input_range,
                 settings.max_instances,
+                source=body,  # no true/false in the text: no per-number boolean check
             )
         else:
             images = len(predict.images)

@@ -2,7 +2,9 @@
 
 The bodies are typed (:func:`bayesgate.service.schemas.predict_request_model`,
 :func:`~bayesgate.service.schemas.file_form_model`): FastAPI validates them strictly and documents
-them. Admission is by work (:mod:`bayesgate.service.admission`): an estimate is held or refused
+them; the upload's form fields are first checked as sent (:func:`check_form_fields`: decimal
+integers, no empty or repeated field, ``file`` a file part), since pydantic reads form text
+laxly. Admission is by work (:mod:`bayesgate.service.admission`): an estimate is held or refused
 before the body is read, the exact ``images × K`` before decoding. The routes decode the images
 (:mod:`bayesgate.service.inputs`) in one decoding thread within the request's deadline, hand one
 job to the worker and await its answer; nothing here touches the model. The deadline counts from
@@ -14,23 +16,32 @@ the request's arrival, and a client that hangs up while waiting has its job drop
 
 import asyncio
 import contextvars
+import re
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar, get_args
 
 import torch
-from fastapi import APIRouter, Depends, Form, Request
+from fastapi import APIRouter, Depends, Form, Request, UploadFile
 from fastapi.responses import Response
+from pydantic import BaseModel
+from starlette.datastructures import FormData
 
 from bayesgate.service.admission import AdmitByWork, hold_exact_work, reservation_of
 from bayesgate.service.deps import ServedDep, SettingsDep, WorkerDep, default_mc_samples
-from bayesgate.service.errors import DeadlineExceeded, InvalidInput
+from bayesgate.service.errors import (
+    INT64,
+    DeadlineExceeded,
+    InvalidInput,
+    integer_bounds,
+)
 from bayesgate.service.fast_json import json_response
 from bayesgate.service.inputs import decode_images, decode_instances, decode_png
 from bayesgate.service.middleware import arrived_at
-from bayesgate.service.request_body import require_media_type
+from bayesgate.service.request_body import media_type, require_media_type
 from bayesgate.service.schemas import (
     PredictResponse,
     error_responses,
@@ -47,6 +58,68 @@ JSON_ONLY = Depends(
     require_media_type("application/json", hint=" (use /v1/predict/file for uploads)")
 )
 FORM_ONLY = Depends(require_media_type("multipart/form-data"))
+
+
+FORM_INTEGER = re.compile(r"-?[0-9]+")  # decimal, ASCII digits: not 1_0, +3, 2.0, " 3 ", "٣"
+MAX_FORM_INTEGER_DIGITS = 19  # 2⁶³ − 1 has 19
+
+
+def check_form_fields(form: FormData, model: type[BaseModel]) -> None:
+    """The multipart fields of ``model`` (:class:`~bayesgate.service.schemas.FileForm`) as the
+    client sent them, before pydantic's lax conversion of form text sees them:
+
+    - a field sent twice is a 422 naming it (otherwise the last copy would silently win);
+    - an empty text field is a 422 (FastAPI would take it as absent: the default);
+    - an integer field is a decimal integer, digits with an optional ``-`` (Python's ``int()``,
+      which pydantic follows, also takes ``1_0``, ``+3``, `` 3 `` and pydantic ``2.0``); one of
+      more than 19 digits is out of range, stated with the field's range;
+    - a file field is an uploaded file part (a part with a filename), not a text field.
+
+    Fields the model does not have are left to its validation (``unknown field``)."""
+    counts = Counter(name for name, _ in form.multi_items())
+    for name, count in counts.items():
+        if count > 1 and name in model.model_fields:
+            raise InvalidInput(f"{name}: form field sent {count} times; send it once")
+    for name, info in model.model_fields.items():
+        if name not in form:
+            continue
+        value = form[name]
+        kinds = (info.annotation, *get_args(info.annotation))
+        if UploadFile in kinds:
+            if isinstance(value, str):
+                raise InvalidInput(
+                    f"{name}: must be an uploaded file part (a form part with a filename, as "
+                    f"`curl -F {name}=@digit.png` sends), got a text field"
+                )
+            continue
+        if not isinstance(value, str):
+            continue  # a file where text belongs: the model's validation says so
+        if value == "":
+            raise InvalidInput(f"{name}: empty value; leave the field out for the default")
+        if int in kinds:
+            if not FORM_INTEGER.fullmatch(value):
+                raise InvalidInput(
+                    f"{name}: expected a decimal integer (digits only), got {value[:40]!r}"
+                )
+            if len(value.lstrip("-")) > MAX_FORM_INTEGER_DIGITS:
+                low, high = integer_bounds(model, [name])
+                low = -INT64 if low is None else low
+                high = INT64 - 1 if high is None else high
+                raise InvalidInput(
+                    f"{name}: integer out of range ({len(value.lstrip('-'))} digits); allowed "
+                    f"{low} … {high}"
+                )
+
+
+def strict_form(model: type[BaseModel]) -> Callable[[Request], Coroutine[Any, Any, None]]:
+    """Dependency: :func:`check_form_fields` on the request's form (read and cached by
+    :class:`~bayesgate.service.request_body.ReadBodyFirst`), before the body's validation."""
+
+    async def check(request: Request) -> None:
+        if media_type(request) == "multipart/form-data":  # else FORM_ONLY answers 415
+            check_form_fields(await request.form(), model)
+
+    return check
 
 
 async def client_gone(request: Request) -> None:
@@ -167,7 +240,7 @@ def build_router(settings: Settings) -> APIRouter:
         "/predict/file",
         response_model=PredictResponse,
         responses=_ERRORS,
-        dependencies=[FORM_ONLY],
+        dependencies=[FORM_ONLY, Depends(strict_form(file_form))],
     )
     async def predict_file(
         request: Request,

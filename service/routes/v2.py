@@ -48,7 +48,6 @@ from bayesgate.service.settings import Settings
 SERVER_NAME = "bayesgate"
 # request and response "parameters" (mc_samples, seed, …); raw tensor bytes; GET …/config
 EXTENSIONS = ["parameters", "binary_tensor_data", "model_configuration"]
-HEADER_NAME = "Inference-Header-Content-Length"
 
 
 async def named_model(name: str, served: ServedDep) -> ServedModel:

@@ -33,12 +33,11 @@ from bayesgate.service.errors import (
 )
 from bayesgate.service.inference_protocol import InferRequest, decode_infer, infer_response
 from bayesgate.service.middleware import arrived_at
-from bayesgate.service.oip_binary import HEADER, join_body
+from bayesgate.service.oip_binary import HEADER, HEADER_NAME, join_body
 from bayesgate.service.request_body import media_type
 from bayesgate.service.routes.lean import LeanEndpoint, decode, ready_worker
 from bayesgate.service.routes.predict import client_gone
 
-HEADER_NAME = "Inference-Header-Content-Length"
 CONTENT_TYPES = ("", "application/json", "application/octet-stream")
 
 
@@ -67,7 +66,7 @@ class InferEndpoint(LeanEndpoint):
         work = partial(
             decode_infer,
             body,
-            request.headers.get(HEADER),
+            request.headers.getlist(HEADER),  # every copy: two that disagree are a 400
             self.infer_request,
             served,
             settings.max_instances,

@@ -175,9 +175,9 @@ async def test_the_exact_work_is_checked_before_decoding(
     decoded: list[int] = []
     real = predict_route.decode_instances
 
-    def counting_decode(instances: Any, *args: Any) -> torch.Tensor:
+    def counting_decode(instances: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
         decoded.append(len(instances))
-        return real(instances, *args)
+        return real(instances, *args, **kwargs)
 
     monkeypatch.setattr(predict_route, "decode_instances", counting_decode)
     settings = make_settings(max_queued_work=100, max_instances=64, default_mc_samples=10)
