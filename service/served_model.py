@@ -197,7 +197,7 @@ def load_served_model(directory: Path | str, device: str = "auto") -> ServedMode
         detector = _referenced_detector(directory, calibration, loaded.card.weights_sha256)
     except ModelStoreError as exc:
         raise StartupError(str(exc)) from exc
-    return ServedModel(
+    served = ServedModel(
         network=loaded.network,
         card=loaded.card,
         calibration=calibration,
@@ -205,6 +205,35 @@ def load_served_model(directory: Path | str, device: str = "auto") -> ServedMode
         directory=directory,
         detector=detector,
     )
+    check_answers(served)
+    return served
+
+
+def check_answers(served: ServedModel) -> None:
+    """Two blank images through the path every request takes — the engine with the detector's
+    features, every uncertainty measure and detector score (:func:`predictions`) — with K = 2
+    and a seeded generator (no global random state drawn). A detector whose statistics do not
+    fit the network's features (its files consistent with each other) fails here, as one
+    :class:`StartupError` naming ``detector.json``, instead of in the first request or the
+    warm-up batch."""
+    from bayesgate.service.engine import mc_engine
+    from bayesgate.service.prediction import predictions
+
+    x = torch.zeros(2, *served.input_shape, device=served.device)
+    generator = torch.Generator(device=served.device).manual_seed(0)
+    detector = served.detector
+    try:
+        with torch.no_grad():
+            if detector is None:
+                probs, features = mc_engine(served.network, x, 2, generator), None
+            else:
+                out = mc_engine(served.network, x, 2, generator, features=detector.layers)
+                probs, features = out.probs, out.features
+            predictions(probs, served, features)
+    except (RuntimeError, ValueError, TypeError, KeyError, IndexError) as exc:
+        where = served.directory / (DETECTOR_JSON if detector is not None else CARD_FILE)
+        line = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        raise StartupError(f"{where}: the model cannot answer a blank image ({line})") from exc
 
 
 MAX_NAME_LENGTH = 256  # the name is in every response, log line and metric label

@@ -29,10 +29,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from bayesgate.cli import main
 from bayesgate.service.errors import StartupError
-from bayesgate.service.served_model import load_served_model, served_name_problem
+from bayesgate.service.served_model import (
+    check_answers,
+    load_served_model,
+    served_name_problem,
+)
 from bayesgate.service.settings import Settings
 
 BUNDLED = Path(__file__).resolve().parents[2] / "models" / "pretrained" / "bayesgate-robust"
@@ -318,3 +323,33 @@ async def test_reload_refuses_each_broken_file_and_keeps_serving(
         restored = await client.post("/admin/reload", headers=headers)
         assert restored.status_code == 200, restored.text
         assert restored.json()["weights_sha256"] == sha
+
+
+def test_a_detector_that_cannot_score_is_refused_at_load(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Files consistent with each other whose statistics do not fit the network's features
+    failed only in the warm-up batch (exit 3) or the first request; the load check runs two
+    blank images through the served path and names detector.json."""
+    from bayesgate.models.detection.detector import Detector
+
+    served = load_served_model(BUNDLED, "cpu")  # the bundled model answers blank images
+    assert served.detector is not None
+    state = torch.get_rng_state()
+    check_answers(served)
+    assert torch.equal(state, torch.get_rng_state())  # the check draws from its own generator
+
+    def misfit(*_: object, **__: object) -> None:
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied (2x256 and 128x10)")
+
+    monkeypatch.setattr(Detector, "scores", misfit)
+    with pytest.raises(StartupError) as info:
+        load_served_model(BUNDLED, "cpu")
+    assert str(info.value) == (
+        f"{BUNDLED / 'detector.json'}: the model cannot answer a blank image "
+        "(mat1 and mat2 shapes cannot be multiplied (2x256 and 128x10))"
+    )
+    monkeypatch.setattr("bayesgate.service.cli.run_uvicorn", misfit)  # never reached
+    assert main(["serve", "--model-dir", str(BUNDLED), "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bayesgate: error: ") and "cannot answer a blank image" in err
