@@ -300,6 +300,13 @@ async def test_failing_warm_up_stops_start_up(
 
     monkeypatch.setattr("bayesgate.service.engine.mc_predict", broken)
     app = create_app(make_settings())
+    with pytest.raises(StartupError, match="cannot answer a blank image \\(kernel missing\\)"):
+        async with app.router.lifespan_context(app):  # the load check sees it first…
+            pass
+    # …and what passes two blank images but fails the warm-up batch (its size, memory) stops
+    # the start-up there
+    monkeypatch.setattr("bayesgate.service.served_model.check_answers", lambda _: None)
+    app = create_app(make_settings())
     with pytest.raises(StartupError, match="warm-up batch failed: inference failed: RuntimeError"):
         async with app.router.lifespan_context(app):
             pass
