@@ -17,6 +17,7 @@ from bayesgate.models.data.mnist import DEFAULT_VAL_SIZE
 from bayesgate.models.device import DEVICE_CHOICES, pick_device, set_threads
 from bayesgate.models.networks.bbb.layers import SAMPLING_MODES
 from bayesgate.models.networks.registry import build_network, preset_architecture, preset_names
+from bayesgate.models.store.checks import served_name_problem
 from bayesgate.models.store.directory import ModelCard, load_model, save_model, write_card
 from bayesgate.models.training.adversarial import AdversarialConfig
 from bayesgate.models.training.checkpoint import STATE_FILE, Checkpointing
@@ -188,6 +189,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     arch = _architecture(args)
     suffix = "elbo" if args.loss == "elbo" else f"alpha{config.alpha:g}"
     name = args.name or (f"{args.preset}" if not arch["stochastic"] else f"{args.preset}-{suffix}")
+    if (problem := served_name_problem(name)) is not None:  # `serve` would refuse the model
+        raise InvalidArgument(f"--name: {problem}")
     out = args.out or Path("runs") / name
     adversarial = adversarial_cli.adversarial_config(args, config.alpha)
     checkpointing = _checkpointing(args, name, arch, adversarial)

@@ -31,6 +31,7 @@ from bayesgate.models.detection.store import DETECTOR_JSON
 from bayesgate.models.device import pick_device
 from bayesgate.models.mc.uncertainty import SCORES
 from bayesgate.models.store.calibration import Calibration, read_calibration
+from bayesgate.models.store.checks import served_name_problem
 from bayesgate.models.store.directory import CARD_FILE, ModelCard, ModelStoreError, load_model
 from bayesgate.service.errors import StartupError
 from bayesgate.service.settings import bundled_model_names
@@ -234,31 +235,6 @@ def check_answers(served: ServedModel) -> None:
         where = served.directory / (DETECTOR_JSON if detector is not None else CARD_FILE)
         line = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
         raise StartupError(f"{where}: the model cannot answer a blank image ({line})") from exc
-
-
-MAX_NAME_LENGTH = 256  # the name is in every response, log line and metric label
-
-
-def served_name_problem(name: str) -> str | None:
-    """Why a card's ``name`` cannot be served, ``None`` when it can: clients reach the model at
-    ``/v1/models/{name}`` and ``/v2/models/{name}/…``, one path segment, so the name must be
-    non-empty, without ``/``, not ``.`` or ``..`` (clients resolve those away), without
-    surrounding whitespace and without control characters (it is also in log lines and metric
-    labels), at most :data:`MAX_NAME_LENGTH` characters."""
-    shown = repr(name) if len(name) <= 60 else repr(name[:59]) + "…"  # repr escapes controls
-    if not name.strip():
-        return "empty; /v2/models/{name} needs a name"
-    if len(name) > MAX_NAME_LENGTH:
-        return f"{shown} has {len(name)} characters, more than {MAX_NAME_LENGTH}"
-    if "/" in name:
-        return f"{shown} contains '/', so /v2/models/{{name}} cannot reach it"
-    if name in (".", ".."):
-        return f"{shown} is a relative path segment, so /v2/models/{{name}} cannot reach it"
-    if name != name.strip():
-        return f"{shown} has leading or trailing whitespace"
-    if not name.isprintable():
-        return f"{shown} contains control or other non-printable characters"
-    return None
 
 
 def _referenced_detector(

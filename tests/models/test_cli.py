@@ -292,3 +292,15 @@ def test_evaluate_json_path_is_checked_before_the_work(
     code = main(["evaluate", str(out), "--k", "2", "--limit", "5", "--json", str(nested),
                  "--no-progress", "--device", "cpu"])  # fmt: skip
     assert code == 0 and json.loads(nested.read_text())["images"] == 5
+
+
+@pytest.mark.parametrize("name", ["a/b", "..", " padded"])
+def test_train_refuses_a_name_the_service_cannot_serve(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Trained, such a model was refused by ``serve`` afterwards; now before any work."""
+    code = main(["train", "--preset", "mlp-2x32", "--name", name, "--epochs", "1",
+                 "--out", str(tmp_path / "m"), "--no-progress"])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("bayesgate: error: --name: ") and "\n" not in err
+    assert not (tmp_path / "m").exists()
