@@ -62,6 +62,7 @@ FORM_ONLY = Depends(require_media_type("multipart/form-data"))
 
 FORM_INTEGER = re.compile(r"-?[0-9]+")  # decimal, ASCII digits: not 1_0, +3, 2.0, " 3 ", "٣"
 MAX_FORM_INTEGER_DIGITS = 19  # 2⁶³ − 1 has 19
+FORM_BOOLEANS = ("true", "false")  # as JSON spells them: not pydantic's yes/on/1/t/…
 
 
 def check_form_fields(form: FormData, model: type[BaseModel]) -> None:
@@ -73,6 +74,8 @@ def check_form_fields(form: FormData, model: type[BaseModel]) -> None:
     - an integer field is a decimal integer, digits with an optional ``-`` (Python's ``int()``,
       which pydantic follows, also takes ``1_0``, ``+3``, `` 3 `` and pydantic ``2.0``); one of
       more than 19 digits is out of range, stated with the field's range;
+    - a boolean field is ``true`` or ``false`` (pydantic would also take ``yes``, ``on``, ``1``,
+      ``t``, ``y`` and their opposites);
     - a file field is an uploaded file part (a part with a filename), not a text field.
 
     Fields the model does not have are left to its validation (``unknown field``)."""
@@ -96,6 +99,10 @@ def check_form_fields(form: FormData, model: type[BaseModel]) -> None:
             continue  # a file where text belongs: the model's validation says so
         if value == "":
             raise InvalidInput(f"{name}: empty value; leave the field out for the default")
+        if bool in kinds:
+            if value not in FORM_BOOLEANS:
+                raise InvalidInput(f"{name}: expected true or false, got {value[:40]!r}")
+            continue
         if int in kinds:
             if not FORM_INTEGER.fullmatch(value):
                 raise InvalidInput(

@@ -432,6 +432,9 @@ LOOSE_FORMS: list[tuple[str, dict[str, Any], list[str]]] = [
     ("seed 2^63", {"seed": str(2**63)}, ["seed", "less than or equal to 9223372036854775807"]),
     ("seed -1", {"seed": "-1"}, ["seed", "greater than or equal to 0"]),
     ("samples empty", {"return_samples": ""}, ["return_samples: empty value"]),
+    ("samples yes", {"return_samples": "yes"}, ["return_samples: expected true or false"]),
+    ("samples 1", {"return_samples": "1"}, ["return_samples: expected true or false, got '1'"]),
+    ("samples True", {"return_samples": "True"}, ["return_samples: expected true or false"]),
 ]
 
 
