@@ -33,14 +33,15 @@ import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-import torch
-
-from bayesgate.models.mc.engine import mc_predict, mc_predict_features
 from bayesgate.service.deps import default_mc_samples
 from bayesgate.service.errors import InvalidInput, ReloadFailed, StartupError
 from bayesgate.service.metrics import Metrics
-from bayesgate.service.prediction import predictions
-from bayesgate.service.served_model import DecisionOverride, ServedModel, load_served_model
+from bayesgate.service.served_model import (
+    DecisionOverride,
+    ServedModel,
+    answer_blank,
+    load_served_model,
+)
 from bayesgate.service.settings import Settings
 from bayesgate.service.worker import BatchWorker
 
@@ -120,17 +121,6 @@ def resolve_decision(
 
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def _warm(serving: ServedModel, k: int) -> None:
-    """One pass through what a request without ``mc_samples`` runs (``k`` passes): the engine
-    and, with a detector, its scores."""
-    x = torch.zeros(1, *serving.input_shape, device=serving.device)
-    if serving.detector is None:
-        mc_predict(serving.network, x, k, generator=None)
-        return
-    out = mc_predict_features(serving.network, x, k, generator=None)
-    predictions(out.probs, serving, out.features)
 
 
 class ModelControl:
@@ -236,7 +226,10 @@ class ModelControl:
                 f"(shape, range, classes) {old_spec} → {new_spec}; restart the server instead"
             )
         try:
-            await asyncio.to_thread(_warm, fresh, default_mc_samples(self.settings, fresh))
+            # the K a request without mc_samples gets (load_served_model ran K = 2)
+            await asyncio.to_thread(
+                answer_blank, fresh, default_mc_samples(self.settings, fresh), 1
+            )
         except Exception as exc:
             raise ReloadFailed(
                 f"reload failed, still serving {current.name}: warm-up pass raised "

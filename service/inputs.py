@@ -31,8 +31,6 @@ from PIL import Image, UnidentifiedImageError
 
 from bayesgate.service.errors import InvalidInput, TooManyInstances
 
-_DATA_URL_PREFIX = "data:image/png;base64,"
-
 
 def accepted_shapes(shape: Sequence[int]) -> list[tuple[int, ...]]:
     """Shapes accepted for one instance: the full shape, without leading 1s, and flat."""
@@ -376,9 +374,7 @@ def _open_png(data: bytes, field: str, height: int, width: int) -> Image.Image:
 def decode_base64(text: str, field: str) -> bytes:
     """Strict base64 (standard alphabet, padding) → bytes; a ``data:image/png;base64,`` URL
     prefix is allowed (:func:`data_url_payload`)."""
-    if text.startswith(_DATA_URL_PREFIX):
-        text = text[len(_DATA_URL_PREFIX) :]
-    elif text[:5].lower() == "data:":
+    if text[:5].lower() == "data:":
         text = data_url_payload(text, field)
     try:
         data = base64.b64decode(text, validate=True)

@@ -210,31 +210,40 @@ def load_served_model(directory: Path | str, device: str = "auto") -> ServedMode
     return served
 
 
-def check_answers(served: ServedModel) -> None:
-    """Two blank images through the path every request takes — the engine with the detector's
-    features, every uncertainty measure and detector score (:func:`predictions`) — with K = 2
-    and a seeded generator (no global random state drawn). A detector whose statistics do not
-    fit the network's features (its files consistent with each other) fails here, as one
-    :class:`StartupError` naming ``detector.json``, instead of in the first request or the
-    warm-up batch."""
+def answer_blank(
+    served: ServedModel, k: int, images: int = 2, generator: torch.Generator | None = None
+) -> None:
+    """``images`` blank images through the path every request takes — the engine with the
+    detector's features, every uncertainty measure and detector score (:func:`predictions`) —
+    with ``k`` passes; raises what that path raises."""
     from bayesgate.service.engine import mc_engine
     from bayesgate.service.prediction import predictions
 
-    x = torch.zeros(2, *served.input_shape, device=served.device)
-    generator = torch.Generator(device=served.device).manual_seed(0)
+    x = torch.zeros(images, *served.input_shape, device=served.device)
     detector = served.detector
+    with torch.no_grad():
+        if detector is None:
+            probs, features = mc_engine(served.network, x, k, generator), None
+        else:
+            out = mc_engine(served.network, x, k, generator, features=detector.layers)
+            probs, features = out.probs, out.features
+        predictions(probs, served, features)
+
+
+def check_answers(served: ServedModel) -> None:
+    """:func:`answer_blank` with K = 2 and a seeded generator (no global random state drawn). A
+    detector whose statistics do not fit the network's features (its files consistent with each
+    other) fails here, as one :class:`StartupError` naming ``detector.json``, instead of in the
+    first request or the warm-up batch."""
+    generator = torch.Generator(device=served.device).manual_seed(0)
     try:
-        with torch.no_grad():
-            if detector is None:
-                probs, features = mc_engine(served.network, x, 2, generator), None
-            else:
-                out = mc_engine(served.network, x, 2, generator, features=detector.layers)
-                probs, features = out.probs, out.features
-            predictions(probs, served, features)
+        answer_blank(served, 2, generator=generator)
     except (RuntimeError, ValueError, TypeError, KeyError, IndexError) as exc:
-        where = served.directory / (DETECTOR_JSON if detector is not None else CARD_FILE)
+        name = DETECTOR_JSON if served.detector is not None else CARD_FILE
         line = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
-        raise StartupError(f"{where}: the model cannot answer a blank image ({line})") from exc
+        raise StartupError(
+            f"{served.directory / name}: the model cannot answer a blank image ({line})"
+        ) from exc
 
 
 def _referenced_detector(

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ from bayesgate.models.detection.kde import ClassKDE
 from bayesgate.models.detection.mahalanobis import ClassGaussians
 from bayesgate.models.detection.quadratic import ClassQuadratic
 from bayesgate.models.store.calibration import MAX_K
-from bayesgate.models.store.checks import brief, first_line
+from bayesgate.models.store.checks import brief, first_line, is_int, is_real
 from bayesgate.models.store.directory import (
     ModelStoreError,
     _atomic_write,
@@ -107,33 +106,23 @@ def metadata_problem(meta: dict[str, Any]) -> str | None:
         if not isinstance(meta.get(name), str):
             return f"{name} must be a string, got {brief(meta.get(name))}"
     k = meta.get("k")
-    if not (isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= MAX_K):
+    if not (is_int(k) and 1 <= k <= MAX_K):
         return f"k must be a positive integer (at most {MAX_K:,}), got {brief(k)}"
     fpr = meta.get("target_fpr")
-    if not (_finite(fpr) and 0.0 < fpr < 1.0):
+    if not (is_real(fpr) and 0.0 < fpr < 1.0):
         return f"target_fpr must be in (0, 1), got {brief(fpr)}"
     for name, nullable in _SECTIONS.items():
         value = meta.get(name)
         if not (isinstance(value, dict) or (nullable and value is None)):
             kind = "a JSON object or null" if nullable else "a JSON object"
             return f"{name} must be {kind}, got {brief(value)}"
-    bad = [n for n, t in meta["thresholds"].items() if not _finite(t)]
+    bad = [n for n, t in meta["thresholds"].items() if not is_real(t)]
     if bad:
         return f"thresholds: {', '.join(bad)} must be finite numbers"
     kde = meta.get("kde")
-    if kde is not None and not (_finite(kde.get("bandwidth")) and kde["bandwidth"] > 0):
+    if kde is not None and not (is_real(kde.get("bandwidth")) and kde["bandwidth"] > 0):
         return f"kde.bandwidth must be a positive number, got {brief(kde.get('bandwidth'))}"
     return None
-
-
-def _finite(value: Any) -> bool:
-    """A finite JSON number (not a bool)."""
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:
-        return False
 
 
 def _tensors(detector: Detector) -> dict[str, torch.Tensor]:

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import math
-import numbers
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bayesgate.models.mc.uncertainty import SCORES
-from bayesgate.models.store.checks import brief
+from bayesgate.models.store.checks import brief, is_int, is_real
 from bayesgate.models.store.directory import (
     CALIBRATION_FILE,
     ModelStoreError,
@@ -74,17 +72,17 @@ class Calibration:
             )
         if self.score not in self.thresholds:
             raise ValueError(f"no threshold for the active score {self.score!r}")
-        bad = [_key(n) for n, t in self.thresholds.items() if n not in SCORES or not _real(t)]
+        bad = [_key(n) for n, t in self.thresholds.items() if n not in SCORES or not is_real(t)]
         if bad:
             raise ValueError(
                 f"invalid threshold entries: {', '.join(bad)} (each a score name and a finite "
                 "number)"
             )
         self.thresholds = {n: float(t) for n, t in self.thresholds.items()}
-        if not (_real(self.target_fpr) and 0.0 < self.target_fpr < 1.0):
+        if not (is_real(self.target_fpr) and 0.0 < self.target_fpr < 1.0):
             raise ValueError(f"target_fpr must be in (0, 1), got {brief(self.target_fpr)}")
         self.target_fpr = float(self.target_fpr)
-        if not (_integer(self.k) and 1 <= self.k <= MAX_K):
+        if not (is_int(self.k) and 1 <= self.k <= MAX_K):
             raise ValueError(
                 f"k must be a positive integer (at most {MAX_K:,}), got {brief(self.k)}"
             )
@@ -145,21 +143,6 @@ def read_calibration(directory: Path | str, weights_sha256: str | None = None) -
             f"but the model's weights are {weights_sha256[:16]}… (re-run `bayesgate calibrate`)"
         )
     return calibration
-
-
-def _integer(value: Any) -> bool:
-    """An integer, not a bool (``true`` is 1 to Python, never a K)."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _real(value: Any) -> bool:
-    """A finite real number, not a bool (nor a string holding one)."""
-    if not isinstance(value, numbers.Real) or isinstance(value, bool):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:  # an integer too large for a float
-        return False
 
 
 def _key(name: Any) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from pathlib import Path
 from typing import Any
 
@@ -115,11 +116,18 @@ def architecture_problem(arch: dict[str, Any]) -> str | None:
 
 
 def is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """An integer (numpy's too), not a bool (``true`` is 1 to Python, never a count)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def is_real(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite real number (numpy's too), not a bool nor a string holding one."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer too large for a float
+        return False
 
 
 def brief(value: Any, limit: int = 60) -> str:
