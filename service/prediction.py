@@ -71,19 +71,16 @@ def predictions(
     values are those of each measure's own function (``tests/service/test_service_answers.py``
     checks them against a straightforward reference, bit for bit).
     """
-    probs = _cpu_float(probs)
     classes, ref, decision = model.card.classes, model.ref, model.decision
     with torch.inference_mode():
-        measures = uncertainty.summary(probs)
-        mean = measures["mean"]
-        labels_t = mean.argmax(dim=-1)
-        scores = _all_scores(model, probs, features, measures, labels_t)
+        columns = answer_columns(probs, model, features)
+        scores = columns.scores
         names = tuple(scores)
         # float32 → float64 is exact: the same Python floats as each column's own tolist()
         table = torch.stack(
-            [*scores.values(), measures[ALEATORIC], measures[EPISTEMIC]], dim=1
+            [*scores.values(), columns.aleatoric_variance, columns.epistemic_variance], dim=1
         ).double()
-        rows, labels, means = table.tolist(), labels_t.tolist(), mean.tolist()
+        rows, labels, means = table.tolist(), columns.labels.tolist(), columns.mean.tolist()
     position = {name: i for i, name in enumerate(names)}
     entropy, mutual, ratio = (position[n] for n in UNCERTAINTY)
     chosen, threshold = position[decision.score], decision.threshold
@@ -107,6 +104,34 @@ def predictions(
         )
         for b, (label, row) in enumerate(zip(labels, rows, strict=True))
     ]
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerColumns:
+    """A batch's answers as tensors (float32 unless said; ``B`` rows each), before any
+    per-image object is made."""
+
+    mean: torch.Tensor  # p̄, B×C
+    labels: torch.Tensor  # argmax_c p̄_c, int64
+    scores: dict[str, torch.Tensor]  # every score by name: the uncertainty ones first
+    aleatoric_variance: torch.Tensor
+    epistemic_variance: torch.Tensor
+
+
+def answer_columns(
+    probs: torch.Tensor,
+    model: ServedModel,
+    features: Mapping[str, torch.Tensor] | None = None,
+) -> AnswerColumns:
+    """Every measure and score of :func:`predictions` for the batch ``probs`` (``B×K×C``), one
+    tensor each (:func:`~bayesgate.models.mc.uncertainty.summary`, :meth:`Detector.scores`)."""
+    probs = _cpu_float(probs)
+    with torch.inference_mode():
+        measures = uncertainty.summary(probs)
+        mean = measures["mean"]
+        labels = mean.argmax(dim=-1)
+        scores = _all_scores(model, probs, features, measures, labels)
+    return AnswerColumns(mean, labels, scores, measures[ALEATORIC], measures[EPISTEMIC])
 
 
 UNCERTAINTY = ("predictive_entropy", "mutual_information", "variation_ratio")

@@ -623,7 +623,7 @@ class BatchWorker:
             self._run_group(jobs)
         self._running = []
 
-    def _engine_call(
+    def engine_call(
         self, model: ServedModel, x: torch.Tensor, k: int, generator: torch.Generator | None
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
         """``(probs B×K×C, features)``; features (same K passes, the layers the detector reads)
@@ -688,7 +688,7 @@ class BatchWorker:
             if seed is not None:
                 generator = torch.Generator(device=model.device).manual_seed(seed)
             with checkpoints(model.network, lambda: self._check(jobs)):
-                probs, features = self._engine_call(model, x, k, generator)
+                probs, features = self.engine_call(model, x, k, generator)
             if probs.shape[:2] != (size, k):
                 raise RuntimeError(f"engine returned shape {tuple(probs.shape)}, expected B×K×C")
         except CallStopped:
