@@ -674,6 +674,11 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--protocols: choose from {', '.join(PROTOCOLS)}")
     if per > 1 and set(names) - set(MULTI_IMAGE):
         p.error(f"--images-per-request > 1 works with {', '.join(MULTI_IMAGE)} only")
+    if args.json is not None:  # before the runs, not after them
+        try:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            p.error(f"--json: cannot make {args.json.parent} ({exc.strerror or exc})")
 
     tmp = Path(tempfile.mkdtemp(prefix="bayesgate-bench-"))
     try:

@@ -87,7 +87,7 @@ def test_a_short_run_measures_a_real_server_and_the_engine(
     """``/v2 binary`` batched and unbatched for one second each, then the engine alone; every
     derived figure in the JSON is recomputed here from the rows it came from."""
     monkeypatch.setenv("BAYESGATE_DATA_DIR", str(mnist_root))
-    out = tmp_path / "load.json"
+    out = tmp_path / "not-yet" / "load.json"  # the folder is made at the start
     argv = ["--model-dir", str(tiny_model_dir), "--duration", "1", "--clients", "4"]
     argv += ["--max-batch-size", "8", "--protocols", "/v2 binary", "--json", str(out)]
     assert load.main(argv) == 0
@@ -171,3 +171,24 @@ def test_several_images_per_request_are_counted_per_image(
     with pytest.raises(SystemExit):
         load.main([*argv[:-4], "--protocols", "/v2 binary", "--images-per-request", "9"])
     assert "must be in 1 … --max-batch-size (8)" in capsys.readouterr().err
+
+
+def test_the_json_folder_is_made_before_the_runs_or_refused(
+    load: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--json`` in a folder that cannot be made: a usage error before any run (a run of minutes
+    must not end in a traceback at the write; one that does not exist yet is made at the start,
+    as the short run above shows); argument errors come before the folder is made."""
+    import time
+
+    target = tmp_path / "new" / "deeper" / "out.json"
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    start = time.monotonic()
+    with pytest.raises(SystemExit) as refused:
+        load.main(["--json", str(blocker / "sub" / "out.json"), "--duration", "1"])
+    assert refused.value.code == 2 and time.monotonic() - start < 5  # no server was started
+    assert "--json: cannot make" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a bad protocol after a good --json: refused, folder made
+        load.main(["--json", str(target), "--protocols", "nope"])
+    assert not target.parent.is_dir()  # argument errors come first
