@@ -1,0 +1,339 @@
+//! HTTP/1.1 request heads (parse, framing) and natively built responses.
+
+use std::ops::Range;
+
+/// Longest request head accepted (request line + headers + the blank line).
+pub const MAX_HEAD: usize = 64 * 1024;
+
+/// Body of the 431 answered when the head is over [`MAX_HEAD`].
+pub const HEAD_TOO_LARGE_BODY: &str = "{\"error\":\"request head too large\"}";
+/// Body of the 400 answered when the request cannot be framed (bad request line, header
+/// syntax, Content-Length or chunked encoding): such a request cannot be relayed.
+pub const BAD_REQUEST_BODY: &str = "{\"error\":\"malformed HTTP request\"}";
+
+/// One header line of a request head (byte ranges into [`Head::raw`]).
+#[derive(Debug, Clone)]
+pub struct HeaderLine {
+    /// The whole line without its CRLF.
+    pub line: Range<usize>,
+    /// The field name.
+    pub name: Range<usize>,
+    /// The field value without surrounding optional white space.
+    pub value: Range<usize>,
+}
+
+/// A parsed request head; the bytes are kept so a relay can forward them as received.
+#[derive(Debug, Clone)]
+pub struct Head {
+    /// The head as received, request line through the final CRLF CRLF.
+    pub raw: Vec<u8>,
+    /// Request line without CRLF.
+    pub request_line: Range<usize>,
+    /// Method token.
+    pub method: Range<usize>,
+    /// Request target.
+    pub target: Range<usize>,
+    /// `HTTP/1.1` (else `HTTP/1.0`).
+    pub http11: bool,
+    /// Header lines in order.
+    pub headers: Vec<HeaderLine>,
+}
+
+/// How the request body is delimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// No body.
+    Empty,
+    /// `Content-Length` bytes.
+    Length(u64),
+    /// `Transfer-Encoding: chunked`.
+    Chunked,
+}
+
+/// Why a head cannot be used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadError {
+    /// Syntax error or unusable framing → native 400 and close.
+    Malformed,
+}
+
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+fn trim_ows(bytes: &[u8], mut r: Range<usize>) -> Range<usize> {
+    while r.start < r.end && matches!(bytes[r.start], b' ' | b'\t') {
+        r.start += 1;
+    }
+    while r.end > r.start && matches!(bytes[r.end - 1], b' ' | b'\t') {
+        r.end -= 1;
+    }
+    r
+}
+
+/// Position just past the head's terminating `\r\n\r\n` in `buf`, searching from `from`
+/// (a previous search's length, so a slowly arriving head is not rescanned).
+pub fn find_head_end(buf: &[u8], from: usize) -> Option<usize> {
+    let start = from.saturating_sub(3);
+    buf.get(start..)?
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|p| start + p + 4)
+}
+
+impl Head {
+    /// Parse a head (`raw` ends with `\r\n\r\n`).
+    pub fn parse(raw: Vec<u8>) -> Result<Head, HeadError> {
+        let end = raw.len().checked_sub(4).ok_or(HeadError::Malformed)?;
+        let mut lines = Vec::new();
+        let mut pos = 0;
+        while pos <= end {
+            let rel = raw[pos..end + 2]
+                .windows(2)
+                .position(|w| w == b"\r\n")
+                .ok_or(HeadError::Malformed)?;
+            lines.push(pos..pos + rel);
+            pos += rel + 2;
+            if pos >= end + 2 {
+                break;
+            }
+        }
+        let mut iter = lines.into_iter();
+        let rl = iter.next().ok_or(HeadError::Malformed)?;
+        let line = &raw[rl.clone()];
+        if line.iter().any(|&b| b == b'\r' || b == b'\n') {
+            return Err(HeadError::Malformed);
+        }
+        let sp1 = line.iter().position(|&b| b == b' ').ok_or(HeadError::Malformed)?;
+        let sp2 = line.iter().rposition(|&b| b == b' ').ok_or(HeadError::Malformed)?;
+        if sp2 <= sp1 + 1 || sp1 == 0 {
+            return Err(HeadError::Malformed);
+        }
+        let method = rl.start..rl.start + sp1;
+        let target = rl.start + sp1 + 1..rl.start + sp2;
+        let version = &line[sp2 + 1..];
+        if !raw[method.clone()].iter().all(|&b| is_tchar(b))
+            || raw[target.clone()].iter().any(|&b| b <= b' ' || b == 0x7f)
+        {
+            return Err(HeadError::Malformed);
+        }
+        let http11 = match version {
+            b"HTTP/1.1" => true,
+            b"HTTP/1.0" => false,
+            _ => return Err(HeadError::Malformed),
+        };
+        let mut headers = Vec::new();
+        for l in iter {
+            let bytes = &raw[l.clone()];
+            if bytes.iter().any(|&b| b == b'\r' || b == b'\n' || b == 0) {
+                return Err(HeadError::Malformed);
+            }
+            let colon = bytes.iter().position(|&b| b == b':').ok_or(HeadError::Malformed)?;
+            if colon == 0 || !bytes[..colon].iter().all(|&b| is_tchar(b)) {
+                return Err(HeadError::Malformed); // also catches obs-fold and space before ':'
+            }
+            let name = l.start..l.start + colon;
+            let value = trim_ows(&raw, l.start + colon + 1..l.end);
+            headers.push(HeaderLine { line: l, name, value });
+        }
+        Ok(Head {
+            request_line: rl,
+            method,
+            target,
+            http11,
+            headers,
+            raw,
+        })
+    }
+
+    /// The method token.
+    pub fn method(&self) -> &[u8] {
+        &self.raw[self.method.clone()]
+    }
+
+    /// The request target.
+    pub fn target(&self) -> &[u8] {
+        &self.raw[self.target.clone()]
+    }
+
+    /// Values of every header named `name` (ASCII case-insensitive), in order.
+    pub fn values<'s>(&'s self, name: &'s str) -> impl Iterator<Item = &'s [u8]> + 's {
+        self.headers
+            .iter()
+            .filter(move |h| self.raw[h.name.clone()].eq_ignore_ascii_case(name.as_bytes()))
+            .map(move |h| &self.raw[h.value.clone()])
+    }
+
+    /// True when any header named `name` is present.
+    pub fn has(&self, name: &str) -> bool {
+        self.values(name).next().is_some()
+    }
+
+    /// True when a `Connection` header lists `close` (or the request is HTTP/1.0 without
+    /// `keep-alive`): the connection ends after this request's response.
+    pub fn wants_close(&self) -> bool {
+        let mut close = false;
+        let mut keep_alive = false;
+        for v in self.values("connection") {
+            for token in v.split(|&b| b == b',') {
+                let t = trim_ows(token, 0..token.len());
+                let t = &token[t];
+                close |= t.eq_ignore_ascii_case(b"close");
+                keep_alive |= t.eq_ignore_ascii_case(b"keep-alive");
+            }
+        }
+        close || (!self.http11 && !keep_alive)
+    }
+
+    /// How the body is delimited (`Transfer-Encoding` wins over `Content-Length`).
+    pub fn framing(&self) -> Result<Framing, HeadError> {
+        let mut te_last: Option<&[u8]> = None;
+        let mut te_seen = false;
+        for v in self.values("transfer-encoding") {
+            te_seen = true;
+            for token in v.split(|&b| b == b',') {
+                let r = trim_ows(token, 0..token.len());
+                if !r.is_empty() {
+                    te_last = Some(&token[r]);
+                }
+            }
+        }
+        if te_seen {
+            return match te_last {
+                Some(t) if t.eq_ignore_ascii_case(b"chunked") => Ok(Framing::Chunked),
+                _ => Err(HeadError::Malformed),
+            };
+        }
+        let mut length: Option<u64> = None;
+        for v in self.values("content-length") {
+            let n = parse_digits(v, 19).ok_or(HeadError::Malformed)?;
+            if length.is_some_and(|l| l != n) {
+                return Err(HeadError::Malformed);
+            }
+            length = Some(n);
+        }
+        Ok(match length {
+            Some(0) | None => Framing::Empty,
+            Some(n) => Framing::Length(n),
+        })
+    }
+}
+
+/// A value of ASCII digits only (at most `max_digits`) as u64.
+pub fn parse_digits(v: &[u8], max_digits: usize) -> Option<u64> {
+    if v.is_empty() || v.len() > max_digits || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    v.iter()
+        .try_fold(0u64, |a, &b| a.checked_mul(10)?.checked_add((b - b'0') as u64))
+}
+
+/// The reason phrase of a status code (Python's `http.HTTPStatus` phrases).
+pub fn reason(status: u16) -> &'static str {
+    match status {
+        100 => "Continue",
+        200 => "OK",
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        409 => "Conflict",
+        411 => "Length Required",
+        413 => "Request Entity Too Large",
+        415 => "Unsupported Media Type",
+        422 => "Unprocessable Entity",
+        429 => "Too Many Requests",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        501 => "Not Implemented",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        _ => "Unknown",
+    }
+}
+
+/// A complete JSON error response (`content-type: application/json`; a 503 also gets
+/// `retry-after: 1`).
+pub fn json_response(status: u16, body: &[u8], request_id: &str, close: bool) -> Vec<u8> {
+    let mut out = Vec::with_capacity(200 + body.len());
+    out.extend_from_slice(format!("HTTP/1.1 {status} {}\r\n", reason(status)).as_bytes());
+    out.extend_from_slice(b"content-type: application/json\r\n");
+    out.extend_from_slice(format!("content-length: {}\r\n", body.len()).as_bytes());
+    if status == 503 {
+        out.extend_from_slice(b"retry-after: 1\r\n");
+    }
+    if !request_id.is_empty() {
+        out.extend_from_slice(format!("x-request-id: {request_id}\r\n").as_bytes());
+    }
+    if close {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(body);
+    out
+}
+
+/// The head of a fast-path 200 (`body_len` bytes follow, the first `header_len` of them JSON).
+pub fn binary_ok_head(out: &mut Vec<u8>, header_len: usize, body_len: usize, request_id: &str, close: bool) {
+    use std::io::Write;
+    let _ = write!(
+        out,
+        "HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\ninference-header-content-length: {header_len}\r\ncontent-length: {body_len}\r\nx-request-id: {request_id}\r\n{}\r\n",
+        if close { "connection: close\r\n" } else { "" }
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(s: &str) -> Result<Head, HeadError> {
+        Head::parse(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn parses_a_head() {
+        let h = head("POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length:  12 \r\nX-A:\r\n\r\n").unwrap();
+        assert_eq!(h.method(), b"POST");
+        assert_eq!(h.target(), b"/v2/models/m/infer");
+        assert!(h.http11);
+        assert_eq!(h.values("content-length").collect::<Vec<_>>(), vec![b"12".as_slice()]);
+        assert_eq!(h.values("x-a").collect::<Vec<_>>(), vec![b"".as_slice()]);
+        assert_eq!(h.framing(), Ok(Framing::Length(12)));
+        assert!(!h.wants_close());
+    }
+
+    #[test]
+    fn rejects_bad_heads() {
+        for s in [
+            "POST /x HTTP/2.0\r\n\r\n",
+            "POST  HTTP/1.1\r\n\r\n",
+            "POST /x HTTP/1.1\r\nBad Header: 1\r\n\r\n",
+            "POST /x HTTP/1.1\r\n folded\r\n\r\n",
+            "POST /x HTTP/1.1\r\nNoColon\r\n\r\n",
+            "GARBAGE\r\n\r\n",
+        ] {
+            assert!(head(s).is_err(), "{s:?}");
+        }
+        let h = head("POST /x HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n").unwrap();
+        assert!(h.framing().is_err());
+        let h = head("POST /x HTTP/1.1\r\nContent-Length: +1\r\n\r\n").unwrap();
+        assert!(h.framing().is_err());
+        let h = head("POST /x HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n").unwrap();
+        assert!(h.framing().is_err());
+        let h =
+            head("POST /x HTTP/1.1\r\nTransfer-Encoding: Chunked\r\nConnection: keep-alive, Close\r\n\r\n").unwrap();
+        assert_eq!(h.framing(), Ok(Framing::Chunked));
+        assert!(h.wants_close());
+    }
+
+    #[test]
+    fn finds_the_head_end() {
+        assert_eq!(find_head_end(b"GET / HTTP/1.1\r\n\r\nrest", 0), Some(18));
+        assert_eq!(find_head_end(b"GET / HTTP/1.1\r\n\r", 0), None);
+        assert_eq!(find_head_end(b"GET / HTTP/1.1\r\n\r\n", 17), Some(18));
+    }
+}

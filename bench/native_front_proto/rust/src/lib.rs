@@ -1,0 +1,23 @@
+//! `bgfront`: a native HTTP/1.1 front end for the BayesGate inference service, loaded into the
+//! Python process with `ctypes` (see README.md for the C ABI).
+//!
+//! It answers `POST /v2/models/{name}/infer` with the Open Inference Protocol binary tensor
+//! extension itself — parse ([`http`], [`json`]), validate ([`fast_path`]), queue and batch
+//! ([`batch_queue`]), encode ([`response`]) and write ([`server`]) — and calls into Python once
+//! per batch ([`ffi`]: `bgf_next_batch` / `bgf_complete`). Every other request is relayed byte
+//! for byte to the unchanged Python HTTP service ([`relay`]).
+
+pub mod batch_queue;
+pub mod config;
+pub mod fast_path;
+pub mod ffi;
+pub mod http;
+pub mod json;
+pub mod relay;
+pub mod request_id;
+pub mod response;
+pub mod server;
+pub mod stats;
+
+#[cfg(test)]
+mod roundtrip_tests;

@@ -1,0 +1,271 @@
+//! Relay a request to the Python service byte for byte and stream its response back.
+//!
+//! A new upstream connection per request: the request line and header lines as received,
+//! except `Connection` lines (replaced by one `Connection: close`), then the body as received
+//! (a `Content-Length` body, or a chunked body read to its end — chunk lines, data and
+//! trailers forwarded raw). The upstream response is copied to the client unchanged, to EOF,
+//! concurrently with the body upload (so an interim `100 Continue` or an early 413 reaches
+//! the client). The caller closes the client connection afterwards.
+
+use crate::http::{self, Framing, Head};
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+use std::thread;
+use std::time::Duration;
+
+/// Body of the native 502 when the Python service cannot be reached.
+pub const UPSTREAM_DOWN_BODY: &str = "{\"error\":\"the Python service is unreachable from the native front end\"}";
+
+/// Longest chunk-size or trailer line accepted.
+const MAX_CHUNK_LINE: u64 = 8 * 1024;
+
+/// How long the relay waits for the upstream response (between bytes).
+const UPSTREAM_READ_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Why a chunked body could not be forwarded.
+#[derive(Debug)]
+pub enum ChunkedError {
+    /// Bad chunk syntax (the client's fault).
+    Malformed,
+    /// Reading the client or writing upstream failed.
+    Io(io::Error),
+}
+
+impl From<io::Error> for ChunkedError {
+    fn from(e: io::Error) -> Self {
+        ChunkedError::Io(e)
+    }
+}
+
+fn read_line<R: BufRead>(r: &mut R, line: &mut Vec<u8>) -> Result<(), ChunkedError> {
+    line.clear();
+    r.by_ref().take(MAX_CHUNK_LINE).read_until(b'\n', line)?;
+    if !line.ends_with(b"\r\n") {
+        return Err(ChunkedError::Malformed);
+    }
+    Ok(())
+}
+
+/// Copy one chunked body from `r` to `w` unchanged, reading exactly to its end (last chunk
+/// and trailer section). Returns the bytes copied.
+pub fn copy_chunked<R: BufRead, W: Write>(r: &mut R, w: &mut W) -> Result<u64, ChunkedError> {
+    let mut line = Vec::with_capacity(64);
+    let mut total = 0u64;
+    loop {
+        read_line(r, &mut line)?;
+        w.write_all(&line)?;
+        total += line.len() as u64;
+        let spec = &line[..line.len() - 2];
+        let size_text = spec.split(|&b| b == b';').next().unwrap_or(b"");
+        let size_text = size_text.strip_suffix(b" ").unwrap_or(size_text);
+        if size_text.is_empty() || size_text.len() > 15 || !size_text.iter().all(u8::is_ascii_hexdigit) {
+            return Err(ChunkedError::Malformed);
+        }
+        let size = u64::from_str_radix(std::str::from_utf8(size_text).expect("hex digits"), 16)
+            .map_err(|_| ChunkedError::Malformed)?;
+        if size == 0 {
+            loop {
+                read_line(r, &mut line)?;
+                w.write_all(&line)?;
+                total += line.len() as u64;
+                if line == b"\r\n" {
+                    return Ok(total);
+                }
+            }
+        }
+        let copied = io::copy(&mut r.by_ref().take(size), w)?;
+        if copied != size {
+            return Err(ChunkedError::Io(io::ErrorKind::UnexpectedEof.into()));
+        }
+        let mut crlf = [0u8; 2];
+        r.read_exact(&mut crlf)?;
+        if &crlf != b"\r\n" {
+            return Err(ChunkedError::Malformed);
+        }
+        w.write_all(&crlf)?;
+        total += size + 2;
+    }
+}
+
+/// The head sent upstream: request line and headers as received, `Connection` replaced.
+pub fn upstream_head(head: &Head) -> Vec<u8> {
+    let mut out = Vec::with_capacity(head.raw.len() + 32);
+    out.extend_from_slice(&head.raw[head.request_line.clone()]);
+    out.extend_from_slice(b"\r\n");
+    for h in &head.headers {
+        if head.raw[h.name.clone()].eq_ignore_ascii_case(b"connection") {
+            continue;
+        }
+        out.extend_from_slice(&head.raw[h.line.clone()]);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"Connection: close\r\n\r\n");
+    out
+}
+
+/// What happened to a relayed request.
+#[derive(Debug, PartialEq, Eq)]
+pub enum RelayOutcome {
+    /// The upstream response was forwarded (`bytes` of it).
+    Forwarded(u64),
+    /// Upstream unreachable: a native 502 was sent.
+    UpstreamDown,
+    /// The chunked body was malformed and nothing came back: a native 400 was sent.
+    BadChunked,
+}
+
+/// Relay one request. `buffered` holds the bytes already read after the head (the start of
+/// the body, maybe more); the rest of the body is read from `client`.
+pub fn relay(
+    upstream: &str,
+    client: &mut TcpStream,
+    head: &Head,
+    framing: Framing,
+    buffered: &[u8],
+    request_id: &str,
+) -> RelayOutcome {
+    let mut up = match connect(upstream) {
+        Ok(s) => s,
+        Err(_) => {
+            let _ = client.write_all(&http::json_response(
+                502,
+                UPSTREAM_DOWN_BODY.as_bytes(),
+                request_id,
+                true,
+            ));
+            return RelayOutcome::UpstreamDown;
+        }
+    };
+    let _ = up.set_nodelay(true);
+    let _ = up.set_read_timeout(Some(UPSTREAM_READ_TIMEOUT));
+    // response: upstream → client, concurrently with the upload
+    let copier = match (up.try_clone(), client.try_clone()) {
+        (Ok(mut from), Ok(mut to)) => Some(thread::spawn(move || {
+            let mut n = 0u64;
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                match from.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(k) => {
+                        if to.write_all(&buf[..k]).is_err() {
+                            break;
+                        }
+                        n += k as u64;
+                    }
+                }
+            }
+            n
+        })),
+        _ => None,
+    };
+    let mut malformed = false;
+    let upload = (|| -> io::Result<()> {
+        let mut first = upstream_head(head);
+        match framing {
+            Framing::Empty => up.write_all(&first),
+            Framing::Length(n) => {
+                let now = buffered.len().min(n as usize);
+                first.extend_from_slice(&buffered[..now]);
+                up.write_all(&first)?;
+                let rest = n - now as u64;
+                if rest > 0 && io::copy(&mut (&mut *client).take(rest), &mut up)? != rest {
+                    return Err(io::ErrorKind::UnexpectedEof.into());
+                }
+                Ok(())
+            }
+            Framing::Chunked => {
+                up.write_all(&first)?;
+                let mut reader = BufReader::new(buffered.chain(&mut *client));
+                match copy_chunked(&mut reader, &mut up) {
+                    Ok(_) => Ok(()),
+                    Err(ChunkedError::Malformed) => {
+                        malformed = true;
+                        Err(io::ErrorKind::InvalidData.into())
+                    }
+                    Err(ChunkedError::Io(e)) => Err(e),
+                }
+            }
+        }
+    })();
+    if upload.is_err() && malformed {
+        let _ = up.shutdown(Shutdown::Both);
+    } else if let Err(e) = upload {
+        // the client went away mid-body: nothing to answer; an upstream write error (it
+        // answered early, e.g. 413) still lets its response through
+        if e.kind() == io::ErrorKind::UnexpectedEof
+            || e.kind() == io::ErrorKind::TimedOut
+            || e.kind() == io::ErrorKind::WouldBlock
+        {
+            let _ = up.shutdown(Shutdown::Both);
+        }
+    }
+    let forwarded = copier.map(|c| c.join().unwrap_or(0)).unwrap_or(0);
+    if malformed && forwarded == 0 {
+        let _ = client.write_all(&http::json_response(
+            400,
+            http::BAD_REQUEST_BODY.as_bytes(),
+            request_id,
+            true,
+        ));
+        return RelayOutcome::BadChunked;
+    }
+    RelayOutcome::Forwarded(forwarded)
+}
+
+fn connect(upstream: &str) -> io::Result<TcpStream> {
+    let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
+    for addr in upstream.to_socket_addrs()? {
+        match TcpStream::connect_timeout(&addr, Duration::from_secs(5)) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunked_bodies_are_copied_raw_to_their_end() {
+        let body = b"4;ext=1\r\nWiki\r\n5\r\npedia\r\nE\r\n in\r\n\r\nchunks.\r\n0\r\nTrailer: x\r\n\r\nNEXT";
+        let mut r = BufReader::new(&body[..]);
+        let mut out = Vec::new();
+        let n = copy_chunked(&mut r, &mut out).unwrap();
+        assert_eq!(out, &body[..body.len() - 4]);
+        assert_eq!(n as usize, out.len());
+        let mut rest = Vec::new();
+        r.read_to_end(&mut rest).unwrap();
+        assert_eq!(rest, b"NEXT");
+    }
+
+    #[test]
+    fn malformed_chunks() {
+        for bad in [
+            &b"x\r\nab\r\n0\r\n\r\n"[..],
+            b"2\r\nabc\r\n0\r\n\r\n",
+            b"2\nab\r\n0\r\n\r\n",
+            b"2\r\nab\r\n0\r\n",
+        ] {
+            let r = copy_chunked(&mut BufReader::new(bad), &mut Vec::new());
+            assert!(
+                matches!(r, Err(ChunkedError::Malformed)),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        let r = copy_chunked(&mut BufReader::new(&b"5\r\nab"[..]), &mut Vec::new());
+        assert!(matches!(r, Err(ChunkedError::Io(_))));
+    }
+
+    #[test]
+    fn connection_header_is_replaced() {
+        let head =
+            Head::parse(b"GET /x HTTP/1.1\r\nHost: h\r\nconnection: keep-alive\r\nX-Y:  z \r\n\r\n".to_vec()).unwrap();
+        assert_eq!(
+            upstream_head(&head),
+            b"GET /x HTTP/1.1\r\nHost: h\r\nX-Y:  z \r\nConnection: close\r\n\r\n"
+        );
+    }
+}
