@@ -191,6 +191,27 @@ class Server:
         except (OSError, ValueError, IndexError):
             return float("nan")
 
+    def cpu_by_thread_name(self) -> dict[str, float]:
+        """CPU seconds so far of the server process's live threads, summed by OS thread name
+        (``/proc/<pid>/task/<tid>/comm``): Python's threads carry the process's name, native
+        threads their own (``bgfront-conn`` in ``bench/native_front_proto``). A thread that
+        ended is no longer counted; empty where /proc is not there."""
+        out: dict[str, float] = {}
+        pid = self.loop_pid()
+        try:
+            tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        except OSError:
+            return out
+        tick = os.sysconf("SC_CLK_TCK")
+        for task in tasks:
+            try:
+                name = (task / "comm").read_text().strip()
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # the thread ended meanwhile
+                continue
+            out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        return out
+
     def get(self, path: str) -> dict[str, Any]:
         with _DIRECT.open(self.base + path, timeout=5) as r:
             return json.load(r)
@@ -381,14 +402,21 @@ def run_server(
             go(min(1.0, args.duration), 10_000)  # warm-up
             before, cpu0 = server.get("/v1/stats"), server.cpu_seconds()
             loop0, client0 = server.loop_cpu_seconds(), time.process_time()
+            threads0 = server.cpu_by_thread_name()
             latencies, failures, wall = go(args.duration, args.max_requests)
             client_cpu = time.process_time() - client0
+            threads1 = server.cpu_by_thread_name()
             after, cpu1 = server.get("/v1/stats"), server.cpu_seconds()
             per = getattr(args, "images_per_request", 1)
             row = _row(name, batch, latencies, failures, wall, before, after, cpu1 - cpu0, per)
             loop_cpu = server.loop_cpu_seconds() - loop0
             n = len(latencies)
             row["cpu_ms_loop"] = 1000 * loop_cpu / (n * per) if n else float("nan")
+            # the server's CPU per image by thread name, same window (JSON only)
+            row["cpu_ms_by_thread_name"] = {
+                name: 1000 * (seconds - threads0.get(name, 0.0)) / (n * per) if n else float("nan")
+                for name, seconds in sorted(threads1.items())
+            }
             # the load generator's own CPU (this process): it shares the machine with the server
             row["client_cpu_ms_per_request"] = 1000 * client_cpu / n if n else float("nan")
             rows.append(row)

@@ -100,6 +100,10 @@ def test_a_short_run_measures_a_real_server_and_the_engine(
         assert r["cpu_ms_per_request"] > 0 and r["cpu_ms_loop"] > 0
         assert r["worker_busy"] > 0
     assert single["mean_batch"] == 1.0  # max batch 1: every engine call one image
+    # by thread name: the live threads' share of the same process's CPU, within it
+    by_name = batched["cpu_ms_by_thread_name"]
+    assert by_name and all(v >= 0 for v in by_name.values()) and max(by_name.values()) > 0
+    assert sum(by_name.values()) <= batched["cpu_ms_per_request"] + 1e-9
     assert 1.0 <= batched["mean_batch"] <= 8.0
     engine = rows[f"engine B={max(1, round(batched['mean_batch']))}"]
     assert batched["cpu_ms_outside_model"] == pytest.approx(
