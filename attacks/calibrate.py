@@ -1,20 +1,26 @@
 """Threshold calibration on clean validation images and detection metrics on the test set.
 
 1. Validation (``bayesgate.models.data.mnist.load_mnist("val")``, never the test set): MC
-   probabilities over ``k`` passes, every score of :data:`bayesgate.models.mc.uncertainty.SCORES`,
-   and for each score the threshold :func:`bayesgate.attacks.metrics.threshold_at_fpr` at the
-   target false-positive rate (flag = ``score > threshold``; the realised validation FPR is
-   ``≤`` the target and reported).
+   probabilities over ``k`` passes (with ``progress``, a progress bar ``MC K=…``), every score of
+   :data:`bayesgate.models.mc.uncertainty.SCORES`, and for each score the threshold
+   :func:`bayesgate.attacks.metrics.threshold_at_fpr` at the target false-positive rate (flag =
+   ``score > threshold``; the realised validation FPR is ``≤`` the target and reported).
 2. Test: the clean → attack → record pipeline of :mod:`bayesgate.attacks.pipeline` — clean MC
    predictions and scores; for every attack, adversarial images through the ``k_attack``-pass
    log-predictive, then the detection metrics of the *successful* adversarial examples against
    *all* clean test images at the validation thresholds.
+
+When the model directory holds a fused detector (``bayesgate fit-detector``), one line on stderr
+says what the new ``calibration.json`` will change: nothing of the flag when the detector belongs
+to these weights (``bayesgate calibrate`` links it again, and the detector decides the flag), or
+that a detector fitted for other weights is not linked (:func:`detector_note`).
 """
 
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,15 +30,15 @@ from bayesgate.attacks.methods import Attack
 from bayesgate.attacks.metrics import flag_rate, threshold_at_fpr
 from bayesgate.attacks.pipeline import (
     AttackResult,
+    CleanRun,
     ExampleScores,
-    clean_run,
     detection_run,
     rounded,
     uncertainty_scores,
 )
 from bayesgate.attacks.specs import DEFAULT_ATTACKS, parse_attacks
 from bayesgate.errors import InvalidArgument
-from bayesgate.models.mc.uncertainty import SCORES
+from bayesgate.models.mc.uncertainty import SCORES, predictive_mean
 from bayesgate.models.store.calibration import Calibration
 from bayesgate.models.store.directory import LoadedModel, ModelCard
 
@@ -102,9 +108,12 @@ def calibrate(
     from bayesgate.models.data.mnist import load_mnist
 
     settings = _settings(loaded.card, score, target_fpr, k, k_attack, attacks)
+    note = detector_note(loaded.directory, loaded.card.weights_sha256, score, target_fpr)
+    if note is not None:
+        print(note, file=sys.stderr)
     _log(progress, f"validation: {val_limit or settings.val_size} images, K={settings.k}")
     x_val, y_val = load_mnist("val", val_size=settings.val_size, limit=val_limit)
-    val = clean_run(loaded.network, x_val, settings.k, score_fn=score_fn, seed=seed, device=device)
+    val = _validation_run(loaded, x_val, settings.k, score_fn, seed, device, progress)
     thresholds, realised = fit_thresholds(val.scores, target_fpr)
     x_test, y_test = load_mnist("test", limit=test_limit)
     keys = ", ".join(a.key for a in settings.attacks)
@@ -137,6 +146,69 @@ def calibrate(
     return CalibrationRun(
         calibration, val.scores, test.clean.scores, test.adversarial_scores, test.clean.images
     )
+
+
+def _validation_run(
+    loaded: LoadedModel,
+    x: torch.Tensor,
+    k: int,
+    score_fn: ExampleScores,
+    seed: int,
+    device: torch.device | str,
+    progress: bool,
+) -> CleanRun:
+    """Step 1 on the validation images, as :func:`bayesgate.attacks.pipeline.clean_run` computes
+    it (same batches and seeded masks), with ``evaluate``'s progress bar ("MC K=…")."""
+    from bayesgate.models.training.evaluate import collect_mc
+
+    probs, _ = collect_mc(loaded.network, x, k, device=device, seed=seed, progress=progress)
+    return CleanRun(probs, predictive_mean(probs).argmax(dim=1), score_fn(x, probs))
+
+
+def detector_note(
+    directory: Path | str | None, weights_sha256: str, score: str, target_fpr: float
+) -> str | None:
+    """One line about the fused detector in ``directory``, ``None`` when there is none.
+
+    ``bayesgate calibrate`` links a ``detector.json`` fitted for these weights from the new
+    ``calibration.json`` (``detector_reference``), and the service then flags by the detector's
+    score and threshold: the line says the new threshold is kept for ``score`` but the flag stays
+    with the detector, whose FPR ``bayesgate fit-detector --target-fpr`` changes. A
+    ``detector.json`` fitted for other weights is not linked: the line says so."""
+    from bayesgate.models.detection.store import DETECTOR_JSON, load_detector
+    from bayesgate.models.store.directory import ModelStoreError
+
+    if directory is None or not (Path(directory) / DETECTOR_JSON).is_file():
+        return None
+    path = Path(directory) / DETECTOR_JSON
+    try:
+        detector = load_detector(directory, weights_sha256=weights_sha256)
+    except ModelStoreError as exc:
+        if _fitted_for(path) not in (None, weights_sha256):
+            return (
+                f"calibrate: note: {path} was fitted for other weights, so the new "
+                f"calibration.json does not link it and {score} alone flags inputs; re-run "
+                f"`bayesgate fit-detector {directory}` to flag by the fused detector"
+            )
+        return f"calibrate: note: {path} is not linked from the new calibration.json: {exc}"
+    return (
+        f"calibrate: note: {directory}'s flag stays with the fused detector ({DETECTOR_JSON}: "
+        f"{detector.score} > {detector.threshold:.4g}, target FPR {detector.target_fpr:g}, "
+        f"K {detector.k}); the new calibration.json keeps {score}'s threshold at target FPR "
+        f"{target_fpr:g} for that score only. To change the flag's FPR run `bayesgate "
+        f"fit-detector {directory} --target-fpr …`"
+    )
+
+
+def _fitted_for(path: Path) -> str | None:
+    """``model_sha256`` of a ``detector.json``, ``None`` when it cannot be read."""
+    import json
+
+    try:
+        sha = json.loads(path.read_text()).get("model_sha256")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return sha if isinstance(sha, str) else None
 
 
 def _settings(

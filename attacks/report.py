@@ -126,7 +126,7 @@ An input is flagged adversarial when its **{_score_label(cal.score)}** over K={c
 passes exceeds **{cal.threshold:.6g}**, the threshold that flags at most
 {cal.target_fpr:.1%} of the {val["images"]} clean validation images (never the test set).
 Attacks differentiate the MC log-predictive over K={val["k_attack"]} passes.
-
+{_detector_paragraph(cal)}
 ## Thresholds (validation)
 
 Validation accuracy {fmt(val["accuracy"])}.
@@ -149,6 +149,20 @@ AUROC by score:
 ![ROC curves]({ROC_FILE})
 
 ![score histograms]({HIST_FILE})
+"""
+
+
+def _detector_paragraph(cal: Calibration) -> str:
+    """When ``calibration.json`` links a fused detector, the paragraph saying that the detector,
+    not this score, decides the served flag; else nothing."""
+    if cal.detector is None:
+        return ""
+    return f"""
+**The service does not flag by this score.** This `calibration.json` links the fused detector
+(`{cal.detector["file"]}`), and the service flags inputs by the detector's score, at the
+threshold, target FPR and K `bayesgate fit-detector` set. The threshold above is kept for
+{_score_label(cal.score)} (an admin may switch to it); to change the flag's false-positive rate,
+re-fit the detector: `bayesgate fit-detector MODEL --target-fpr …`.
 """
 
 

@@ -50,7 +50,9 @@ WorkerDep = Annotated[BatchWorker, Depends(get_worker)]
 
 
 def default_mc_samples(settings: Settings, served: ServedModel) -> int:
-    """K when a request gives none: the setting, else the calibration's K (capped at the max)."""
+    """K when a request gives none: the setting, else the K the flag's threshold was set at
+    (capped at the max) — the fused detector's when it decides the flag, else
+    ``calibration.json``'s (:attr:`ServedModel.basis`)."""
     if settings.default_mc_samples is not None:
         return settings.default_mc_samples
-    return min(served.calibration.k, settings.max_mc_samples)
+    return min(served.basis.k, settings.max_mc_samples)

@@ -11,7 +11,10 @@ one the routes can serve (:func:`served_name_problem`).
 
 The decision (:attr:`ServedModel.decision`, ``score > threshold`` flags an input) is the admin's
 override when there is one, else the fused detector's (``bayesgate fit-detector``, referenced from
-``calibration.json``), else ``calibration.json``'s uncertainty score.
+``calibration.json``), else ``calibration.json``'s uncertainty score. What describes the flag —
+the K its threshold was set at (the default K of a request), its target FPR, its AUROC per attack —
+comes from the file that set that threshold (:attr:`ServedModel.basis`): ``detector.json`` when the
+detector decides, ``calibration.json`` otherwise.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +36,13 @@ from bayesgate.models.device import pick_device
 from bayesgate.models.mc.uncertainty import SCORES
 from bayesgate.models.store.calibration import Calibration, read_calibration
 from bayesgate.models.store.checks import served_name_problem
-from bayesgate.models.store.directory import CARD_FILE, ModelCard, ModelStoreError, load_model
+from bayesgate.models.store.directory import (
+    CALIBRATION_FILE,
+    CARD_FILE,
+    ModelCard,
+    ModelStoreError,
+    load_model,
+)
 from bayesgate.service.errors import StartupError
 from bayesgate.service.settings import bundled_model_names
 
@@ -52,6 +62,19 @@ class Decision:
 
     score: str
     threshold: float
+
+
+@dataclass(frozen=True, slots=True)
+class FlagBasis:
+    """What set the flag's threshold: ``decided_by`` (``"override"``, ``"detector"`` or
+    ``"calibration"``), ``source`` (the file whose fit the threshold and its score's scale belong
+    to: ``detector.json`` or ``calibration.json``), ``k`` (the MC samples of that fit) and
+    ``target_fpr`` (``None`` for an admin threshold that no fit set)."""
+
+    decided_by: str
+    source: str
+    k: int
+    target_fpr: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +107,46 @@ class ServedModel:
             return Decision(self.detector.score, self.detector.threshold)
         return Decision(self.calibration.score, self.calibration.threshold)
 
+    @cached_property
+    def basis(self) -> FlagBasis:
+        """Where the decision's threshold comes from (see :class:`FlagBasis`). An override's score
+        belongs to ``calibration.json`` when it has a threshold there (the uncertainty scores),
+        else to the detector; its target FPR is that file's when the override keeps the stored
+        threshold, ``None`` when the admin gave another. Computed once per instance (a request
+        without ``mc_samples`` reads its K); an admin change makes a new instance."""
+        cal, detector, override = self.calibration, self.detector, self.override
+        if override is not None:
+            decided_by = "override"
+        else:
+            decided_by = "calibration" if detector is None else "detector"
+        score = self.decision.score
+        if detector is not None and (decided_by == "detector" or score not in cal.thresholds):
+            source, k, fpr, stored = (
+                DETECTOR_JSON,
+                detector.k,
+                detector.target_fpr,
+                detector.thresholds,
+            )
+        else:
+            source, k, fpr, stored = CALIBRATION_FILE, cal.k, cal.target_fpr, cal.thresholds
+        if override is not None and stored.get(score) != override.threshold:
+            fpr = None
+        return FlagBasis(decided_by, source, k, fpr)
+
+    @property
+    def flag_aurocs(self) -> tuple[dict[str, float], str | None]:
+        """``({attack: AUROC}, file)`` of the decision's score, from the file that measured it:
+        the detector's fit report (validation images) for its scores, ``calibration.json``'s
+        attack entries (test images) for the uncertainty scores; ``({}, None)`` when neither has
+        that score's AUROC — never another score's."""
+        score, detector = self.decision.score, self.detector
+        if self.basis.source == DETECTOR_JSON and detector is not None:
+            found = detector_aurocs(detector, score)
+            if found:
+                return found, DETECTOR_JSON
+        found = attack_aurocs(self.calibration.attacks, score, self.calibration.score)
+        return (found, CALIBRATION_FILE) if found else ({}, None)
+
     @property
     def score_names(self) -> tuple[str, ...]:
         """Every score a prediction carries: the uncertainty scores, and the detector's."""
@@ -106,7 +169,7 @@ class ServedModel:
 
     @property
     def ref(self) -> ModelRef:
-        return ModelRef(self.card.name, self.card.weights_sha256, self.calibration.k)
+        return ModelRef(self.card.name, self.card.weights_sha256, self.basis.k)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -118,8 +181,14 @@ class ServedModel:
         return self.card.input.range
 
     def summary(self) -> dict[str, Any]:
-        """The card and calibration summary a client needs to trust the adversarial flag."""
-        cal, decision = self.calibration, self.decision
+        """The card and calibration summary a client needs to trust the adversarial flag.
+
+        ``score``, ``threshold``, ``target_fpr``, ``mc_samples`` and ``auroc`` describe the flag
+        as it is decided (:attr:`basis`: the detector's figures when it decides); ``validation``,
+        ``attacks`` and ``created`` are ``calibration.json``'s, whose own score, threshold,
+        target FPR, K and AUROCs are under ``calibration_file``."""
+        cal, decision, basis = self.calibration, self.decision, self.basis
+        aurocs, auroc_source = self.flag_aurocs
         return {
             "name": self.card.name,
             "weights_sha256": self.card.weights_sha256,
@@ -128,15 +197,26 @@ class ServedModel:
             "calibration": {
                 "score": decision.score,
                 "threshold": decision.threshold,
-                "target_fpr": cal.target_fpr,
-                "mc_samples": cal.k,
+                "target_fpr": basis.target_fpr,
+                "mc_samples": basis.k,
+                "decided_by": basis.decided_by,
+                "threshold_source": basis.source,
                 "thresholds": self.thresholds,
                 "validation": cal.validation,
-                "auroc": attack_aurocs(cal.attacks),
+                "auroc": aurocs,
+                "auroc_score": decision.score,
+                "auroc_source": auroc_source,
                 "attacks": cal.attacks,
                 "created": cal.created,
                 "override": None if self.override is None else asdict(self.override),
                 "detector": None if self.detector is None else detector_summary(self.detector),
+                "calibration_file": {
+                    "score": cal.score,
+                    "threshold": cal.threshold,
+                    "target_fpr": cal.target_fpr,
+                    "mc_samples": cal.k,
+                    "auroc": attack_aurocs(cal.attacks),
+                },
             },
         }
 
@@ -160,20 +240,49 @@ def detector_summary(detector: Detector) -> dict[str, Any]:
     }
 
 
-def attack_aurocs(attacks: list[dict[str, Any]]) -> dict[str, float]:
+def attack_aurocs(
+    attacks: list[dict[str, Any]], score: str | None = None, active: str | None = None
+) -> dict[str, float]:
     """``{attack: AUROC}`` from the ``attacks`` entries of ``calibration.json``, as
     ``bayesgate calibrate`` writes them: ``attack`` is the spec with its parameters
     (``fgs:eta=0.2``), ``auroc`` the active score's AUROC. Entries without both (an attack with no
     successful example has ``auroc: null``) are skipped; they stay visible in the full list.
+
+    With ``score``: that score's AUROC — the entry's ``auroc`` when the entry's ``score`` (else
+    ``active``, the calibration's score) is ``score``, else its ``scores[score].auroc``.
     """
     out: dict[str, float] = {}
     for entry in attacks:
         if not isinstance(entry, dict):
             continue
         name, auroc = entry.get("attack"), entry.get("auroc")
-        if isinstance(name, str) and isinstance(auroc, int | float) and math.isfinite(auroc):
+        if score is not None and entry.get("score", active) != score:
+            per_score = entry.get("scores")
+            measured = per_score.get(score) if isinstance(per_score, dict) else None
+            auroc = measured.get("auroc") if isinstance(measured, dict) else None
+        if _finite(auroc) and isinstance(name, str):
             out[name] = float(auroc)
     return out
+
+
+def detector_aurocs(detector: Detector, score: str) -> dict[str, float]:
+    """``{attack: AUROC of score}`` from the detector's fit report (``fit.attacks``: successful
+    adversarial examples of the validation fit part against the clean threshold part); attacks
+    without a finite AUROC for ``score`` are skipped."""
+    attacks = detector.fit.get("attacks")
+    out: dict[str, float] = {}
+    if not isinstance(attacks, dict):
+        return out
+    for name, entry in attacks.items():
+        aurocs = entry.get("auroc") if isinstance(entry, dict) else None
+        auroc = aurocs.get(score) if isinstance(aurocs, dict) else None
+        if _finite(auroc):
+            out[str(name)] = float(auroc)
+    return out
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def load_served_model(directory: Path | str, device: str = "auto") -> ServedModel:

@@ -545,11 +545,10 @@ function showGauge(p) {
     (fpr !== undefined ? `${pct(fpr)} of clean validation digits.` : "few clean digits.");
 }
 
-/** The target false-positive rate of the score in use (the detector's when it decides). */
+/** The target false-positive rate of the flag's threshold (/v1/models reports the detector's
+ * when it decides); undefined for an admin threshold that no fit set (null). */
 function targetFpr() {
-  const cal = state.model?.calibration;
-  if (!cal) return undefined;
-  return cal.detector && cal.score === cal.detector.score ? cal.detector.target_fpr : cal.target_fpr;
+  return state.model?.calibration.target_fpr ?? undefined;
 }
 
 /** The K per-pass probabilities of the three most probable classes: one dot per pass. */
@@ -793,7 +792,8 @@ function showModel(model, config) {
   $("model-k").textContent = String(cal.mc_samples);
   $("model-score").textContent = scoreTitle(cal.score);
   $("model-threshold").textContent = fmt(cal.threshold, 4);
-  $("model-fpr").textContent = pct(targetFpr());
+  const fpr = targetFpr();
+  $("model-fpr").textContent = fpr !== undefined ? pct(fpr) : "set by the admin";
   const docs = $("docs-link");
   if (config.docs_url) docs.href = config.docs_url;
   else docs.replaceWith(document.createTextNode("docs off on this server"));
