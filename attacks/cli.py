@@ -10,10 +10,18 @@ from typing import Any
 
 from bayesgate.attacks.methods import ATTACKS, Attack
 from bayesgate.attacks.methods.base import parameter_defaults
-from bayesgate.attacks.specs import DEFAULT_ATTACKS, build_attack, parse_attack, spec_help
+from bayesgate.attacks.specs import (
+    DEFAULT_ATTACKS,
+    build_attack,
+    parse_attack,
+    spec_help,
+    spec_needs,
+)
 from bayesgate.errors import InvalidArgument, check_at_least
+from bayesgate.extras import Need
 from bayesgate.models.device import DEVICE_CHOICES, pick_device
 from bayesgate.models.mc.uncertainty import SCORES
+from bayesgate.models.store.bundled import READ_MODEL_HELP, model_to_read
 
 FIGURES = ("6", "7", "detection")
 PARAM_DEST = "attack_param_"
@@ -39,20 +47,22 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def _register_attack(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("attack", help="craft adversarial MNIST images against a model (.npz)")
-    p.add_argument("model", type=Path, help="model directory")
-    p.add_argument("--attack", choices=tuple(ATTACKS), default="fgs")
+    p.add_argument("model", type=model_to_read, help=READ_MODEL_HELP)
+    p.add_argument(
+        "--attack", choices=tuple(ATTACKS), default="fgs", help="the attack (its parameters below)"
+    )
     _attack_parameter_flags(p)
     p.add_argument(
         "--spec", default=None, help="full attack spec instead, e.g. 'targeted:steps=40,target=0'"
     )
-    p.add_argument("--split", choices=("test", "val"), default="test")
+    p.add_argument("--split", choices=("test", "val"), default="test", help="MNIST split attacked")
     p.add_argument("--limit", type=int, default=None, help="first N images of the split")
     p.add_argument("--k", type=int, default=None, help="MC passes attacked (card k_attack)")
     p.add_argument("--k-eval", type=int, default=None, help="MC passes judging success (k_test)")
     p.add_argument("--out", type=Path, required=True, help="output .npz")
     p.add_argument("--save-clean", action="store_true", help="also store the clean images")
     _common(p)
-    p.set_defaults(func=cmd_attack)
+    p.set_defaults(func=cmd_attack, needs=_attack_needs)
 
 
 def _attack_parameter_flags(p: argparse.ArgumentParser) -> None:
@@ -79,7 +89,12 @@ def _register_calibrate(sub: argparse._SubParsersAction) -> None:
         help="set rejection thresholds on validation images, measure detection on attacks",
     )
     p.add_argument("model", type=Path, help="model directory (calibration.json is written there)")
-    p.add_argument("--score", choices=tuple(SCORES), default="predictive_entropy")
+    p.add_argument(
+        "--score",
+        choices=tuple(SCORES),
+        default="predictive_entropy",
+        help="uncertainty score thresholded",
+    )
     p.add_argument("--target-fpr", type=float, default=0.05, help="clean false-positive rate")
     p.add_argument("--k", type=int, default=None, help="MC passes of the scores (card k_test)")
     p.add_argument("--k-attack", type=int, default=None, help="MC passes attacked (k_attack)")
@@ -95,13 +110,15 @@ def _register_calibrate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--test-limit", type=int, default=None, help="first N test images")
     p.add_argument("--no-report", action="store_true", help="skip calibration.md and plots")
     _common(p)
-    p.set_defaults(func=cmd_calibrate)
+    p.set_defaults(func=cmd_calibrate, needs=_calibrate_needs)
 
 
 def _register_sweep(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sweep", help="reproduce the paper's Figures 6-7 and the detection table")
     p.add_argument("models", type=Path, nargs="+", help="model directories")
-    p.add_argument("--figure", choices=FIGURES, required=True)
+    p.add_argument(
+        "--figure", choices=FIGURES, required=True, help="6, 7 (the paper's) or the detection table"
+    )
     p.add_argument("--limit", type=int, default=1000, help="test images (figure 7: non-zero)")
     p.add_argument("--k", type=int, default=10, help="MC passes attacked (paper: 10)")
     p.add_argument(
@@ -130,7 +147,26 @@ def _register_sweep(sub: argparse._SubParsersAction) -> None:
         help="merge with the results already in --out (same settings; re-run models replaced)",
     )
     _common(p)
-    p.set_defaults(func=cmd_sweep)
+    p.set_defaults(func=cmd_sweep, needs=_sweep_needs)
+
+
+PLOT = "matplotlib"
+
+
+def _attack_needs(args: argparse.Namespace) -> list[Need]:
+    return spec_needs([args.spec or args.attack])
+
+
+def _calibrate_needs(args: argparse.Namespace) -> list[Need]:
+    report = [] if args.no_report else [Need(PLOT, "the report (its plots; --no-report skips it)")]
+    return spec_needs(args.attacks) + report
+
+
+def _sweep_needs(args: argparse.Namespace) -> list[Need]:
+    from bayesgate.attacks.sweep import DETECTION_ATTACKS
+
+    specs = {"6": ["fgs"], "7": ["targeted"]}.get(args.figure, args.attacks or DETECTION_ATTACKS)
+    return [*spec_needs(specs), Need(PLOT, f"--figure {args.figure}'s plot")]
 
 
 def _attack(args: argparse.Namespace) -> Attack:
@@ -187,7 +223,6 @@ def cmd_attack(args: argparse.Namespace) -> int:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from bayesgate.attacks.calibrate import calibrate
     from bayesgate.attacks.detector_cli import detector_reference
-    from bayesgate.attacks.report import write_report
     from bayesgate.models.store.calibration import write_calibration
     from bayesgate.models.store.directory import load_model
 
@@ -213,6 +248,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     path = write_calibration(run.calibration, args.model)
     outputs = {"calibration": str(path)}
     if not args.no_report:
+        from bayesgate.attacks.report import write_report  # matplotlib: only for the report
+
         outputs["report"] = str(write_report(run, args.model, loaded.card.name))
     cal = run.calibration
     print(

@@ -45,7 +45,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--attack-images", type=int, default=d.attack_images, help="fit images that are attacked"
     )
     p.add_argument("--kde-per-class", type=int, default=d.kde_per_class, help="KDE samples/class")
-    p.add_argument("--kde-dtype", choices=("float32", "float16"), default=d.kde_dtype)
+    p.add_argument(
+        "--kde-dtype",
+        choices=("float32", "float16"),
+        default=d.kde_dtype,
+        help="precision of the stored KDE samples",
+    )
     p.add_argument(
         "--shrinkage", type=float, default=None, help="fixed covariance shrinkage (Ledoit–Wolf)"
     )
@@ -82,7 +87,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="auto", help=f"one of {', '.join(DEVICE_CHOICES)}")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.set_defaults(func=cmd_fit_detector)
+    p.set_defaults(func=cmd_fit_detector, needs=_needs)
+
+
+def _needs(args: argparse.Namespace) -> list[Any]:
+    from bayesgate.attacks.specs import spec_needs
+
+    return spec_needs(args.attacks)
 
 
 def cmd_fit_detector(args: argparse.Namespace) -> int:

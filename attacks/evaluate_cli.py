@@ -10,6 +10,7 @@ from typing import Any
 
 from bayesgate.errors import InvalidArgument
 from bayesgate.models.device import DEVICE_CHOICES, pick_device
+from bayesgate.models.store.bundled import READ_MODEL_HELP, model_to_read
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", type=Path, help="model directory with a fitted detector")
+    p.add_argument("model", type=model_to_read, help=READ_MODEL_HELP + ", with a fitted detector")
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--k", type=int, default=None, help="MC passes of the scores (detector's K)")
     p.add_argument("--k-attack", type=int, default=None, help="MC passes attacked (k_attack)")
@@ -55,9 +56,16 @@ def _register_detect_eval(sub: argparse._SubParsersAction) -> None:
         nargs="*",
         default=list(DEFAULT_OOD),
         choices=tuple(OOD_SETS),
-        help="OOD sets (default: the four of issue 15; the fresh ones are opt-in)",
+        help="OOD sets (default: %(default)s, the four of issue 15; the fresh ones are opt-in)",
     )
-    p.set_defaults(func=cmd_detect_eval)
+    p.set_defaults(func=cmd_detect_eval, needs=_detect_eval_needs)
+
+
+def _detect_eval_needs(args: argparse.Namespace) -> list[Any]:
+    from bayesgate.attacks.specs import spec_needs
+    from bayesgate.extras import Need
+
+    return [*spec_needs(args.attacks), Need("matplotlib", "the ROC plot")]
 
 
 def _register_adaptive_eval(sub: argparse._SubParsersAction) -> None:
@@ -202,5 +210,14 @@ def cmd_adaptive_eval(args: argparse.Namespace) -> int:
     )
     result["seconds"] = round(time.perf_counter() - started, 1)
     paths = write_adaptive(result, args.out)
-    print(json.dumps({k: str(v) for k, v in paths.items()} | {"seconds": result["seconds"]}))
+    files = {k: str(v) for k, v in paths.items()}
+    print_report(paths["md"], files | {"seconds": result["seconds"]})
     return 0
+
+
+def print_report(table: Path, summary: dict[str, Any]) -> None:
+    """On stdout: the Markdown table the command wrote to ``table``, a blank line, then
+    ``summary`` (the files written, …) as JSON."""
+    print(Path(table).read_text(encoding="utf-8").rstrip("\n"))
+    print()
+    print(json.dumps(summary, indent=2, ensure_ascii=False))

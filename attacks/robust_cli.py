@@ -7,7 +7,6 @@ A MODEL is a model directory (``card.json`` + weights) or a training checkpoint 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -17,7 +16,9 @@ from torch import nn
 from bayesgate.attacks.robust_adaptive import adaptive_detector_step
 from bayesgate.attacks.robust_eval import RobustSettings
 from bayesgate.errors import InvalidArgument
+from bayesgate.extras import Need
 from bayesgate.models.device import pick_device
+from bayesgate.models.store.bundled import model_to_read
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,31 +26,41 @@ def register(sub: argparse._SubParsersAction) -> None:
         "evaluate-robust",
         help="robust accuracy under PGD × restarts, APGD-CE and APGD-DLR (worst of) per ε",
     )
-    p.add_argument("models", nargs="+", type=Path, help="model or training checkpoint directories")
+    p.add_argument(
+        "models",
+        nargs="+",
+        type=model_to_read,
+        help="model or training checkpoint directories, or bundled models' names "
+        "(bayesgate-robust, bayesgate-cnn)",
+    )
     p.add_argument("--eps", default="0.1,0.2,0.3", help="comma-separated L∞ radii")
-    p.add_argument("--n", type=int, default=1000, help="first N test digits (default 1000)")
+    p.add_argument("--n", type=int, default=1000, help="first N test digits")
     p.add_argument("--out", type=Path, required=True, help="output directory (also the cache)")
-    p.add_argument("--pgd-steps", type=int, default=100)
-    p.add_argument("--restarts", type=int, default=5)
-    p.add_argument("--apgd-steps", type=int, default=100)
+    p.add_argument("--pgd-steps", type=int, default=100, help="steps of each PGD run")
+    p.add_argument("--restarts", type=int, default=5, help="PGD runs from random starts")
+    p.add_argument("--apgd-steps", type=int, default=100, help="steps of APGD-CE and APGD-DLR")
     p.add_argument("--k-attack", type=int, default=10, help="MC passes per attack query")
     p.add_argument("--k-eval", type=int, default=100, help="MC passes of the verdict")
-    p.add_argument("--attacks", default="pgd,apgd-ce,apgd-dlr")
+    p.add_argument(
+        "--attacks", default="pgd,apgd-ce,apgd-dlr", help="comma-separated attacks, worst of"
+    )
     p.add_argument(
         "--adaptive-weights",
         default="0.1,1,10",
         help="detector weights λ of the adaptive attack on a fused detector (plain PGD always)",
     )
-    p.add_argument("--adaptive-steps", type=int, default=100)
-    p.add_argument("--batch-size", type=int, default=100)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--no-progress", action="store_true")
-    p.set_defaults(func=cmd_evaluate_robust)
+    p.add_argument("--adaptive-steps", type=int, default=100, help="steps of the adaptive attack")
+    p.add_argument("--batch-size", type=int, default=100, help="images per attack batch")
+    p.add_argument("--seed", type=int, default=0, help="seed of masks and random starts")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    # its attacks (PGD with restarts, APGD) are our own; only the plot needs an extra
+    p.set_defaults(func=cmd_evaluate_robust, needs=lambda args: [Need("matplotlib", "the plot")])
 
 
 def cmd_evaluate_robust(args: argparse.Namespace) -> int:
+    from bayesgate.attacks.evaluate_cli import print_report
     from bayesgate.attacks.robust_eval import BatchCache, evaluate_robust, model_key
     from bayesgate.attacks.robust_report import write_outputs
     from bayesgate.models.data.mnist import load_mnist
@@ -79,7 +90,7 @@ def cmd_evaluate_robust(args: argparse.Namespace) -> int:
         models.append(row)
     result = {"settings": models[0]["settings"], "models": models}
     paths = write_outputs(result, args.out)
-    print(json.dumps({k: str(v) for k, v in paths.items()}, indent=2))
+    print_report(paths["markdown"], {k: str(v) for k, v in paths.items()})
     return 0
 
 

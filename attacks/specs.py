@@ -16,6 +16,7 @@ from typing import Any
 from bayesgate.attacks.methods import ATTACKS, Attack
 from bayesgate.attacks.methods.base import parameter_defaults
 from bayesgate.errors import InvalidArgument
+from bayesgate.extras import Need
 
 DEFAULT_ATTACKS = ("fgs:eta=0.1", "fgs:eta=0.2", "fgs:eta=0.3", "targeted:steps=40,eta=0.01")
 """What ``bayesgate calibrate`` evaluates unless told otherwise (PGD and CW are opt-in)."""
@@ -47,6 +48,18 @@ def build_attack(name: str, params: Mapping[str, Any] | None = None) -> Attack:
             f"known: {', '.join(known) or 'none'}"
         )
     return cls(**params)
+
+
+def spec_needs(specs: Sequence[str]) -> list[Need]:
+    """The optional modules the attacks named by ``specs`` import when they run (cleverhans for
+    FGS, targeted, PGD and CW), found from the names alone: a spec that does not parse needs
+    nothing here, its error comes from the parser."""
+    needs = []
+    for spec in specs:
+        name = spec.strip().partition(":")[0].strip()
+        cls = ATTACKS.get(name)
+        needs += [Need(module, f"attack {name}") for module in (cls.requires if cls else ())]
+    return needs
 
 
 def parse_attack(text: str) -> Attack:

@@ -5,16 +5,23 @@ user can fix — :class:`bayesgate.errors.UserError` and its subclasses (bad fla
 missing data, a broken model directory) — are printed as one line ``bayesgate: error: …`` with
 exit code 2; ``bayesgate --debug …`` shows their traceback too. Any other exception is a bug and
 keeps its traceback.
+
+A command whose work needs an optional module (an extra of ``pyproject.toml``) declares it with
+``set_defaults(needs=FUNCTION)`` (:mod:`bayesgate.extras`); a missing one is such a one-line
+error before the command starts. Every subcommand's ``--help`` shows each flag's default.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from bayesgate.errors import UserError
+from bayesgate.extras import check_needs
 
 # Modules providing subcommands, in the order they appear in --help. Optional ones (whose
 # dependencies may be missing in a slim install) are skipped with a note if they fail to import.
@@ -26,6 +33,41 @@ COMMAND_MODULES = (
     "bayesgate.service.cli",
     "bayesgate.models.uci.cli",
 )
+
+
+def shows_default(action: argparse.Action) -> bool:
+    """Whether ``--help`` should state the action's default: an option with a value whose default
+    means something (not None, not an empty list, not a store_true/false flag's False/True)."""
+    default = action.default
+    if not action.option_strings or action.nargs == 0 or default is argparse.SUPPRESS:
+        return False
+    return default is not None and not (isinstance(default, list | tuple) and not default)
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Appends `` (default: X)`` to an option's help unless the text already states its default
+    (``%(default)s`` or the word "default") or it has none worth stating; list defaults are
+    shown as the words one would type (``fgs:eta=0.1 pgd``), not as a Python list."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "%(default)" in text or "default" in text.lower() or not shows_default(action):
+            return text
+        return f"{text} (default: %(default)s)"
+
+    def _expand_help(self, action: argparse.Action) -> str:
+        if isinstance(action.default, list | tuple) and action.default:
+            action = copy.copy(action)
+            action.default = " ".join(str(v) for v in action.default)
+        return super()._expand_help(action)
+
+
+def subcommand_parsers(parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """``{name: parser}`` of the subcommands."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
             )
             continue
         module.register(sub)
+    for subparser in subcommand_parsers(parser).values():
+        subparser.formatter_class = DefaultsHelpFormatter
     return parser
 
 
@@ -57,7 +101,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    needs = vars(args).pop("needs", None)  # what the command imports from the extras
     try:
+        if needs is not None:
+            check_needs(args.command, needs(args))
         result = args.func(args)
     except UserError as exc:
         if args.debug:

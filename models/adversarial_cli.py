@@ -48,7 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--eps-ramp-epochs",
         type=float,
         default=0.0,
-        help="grow ε linearly from 0 over this many epochs, per minibatch (default 0: no ramp)",
+        help="grow ε linearly from 0 over this many epochs, per minibatch (default %(default)s: "
+        "no ramp)",
     )
     g.add_argument(
         "--clean-mix",

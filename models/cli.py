@@ -17,8 +17,16 @@ from bayesgate.models.data.mnist import DEFAULT_VAL_SIZE
 from bayesgate.models.device import DEVICE_CHOICES, pick_device, set_threads
 from bayesgate.models.networks.bbb.layers import SAMPLING_MODES
 from bayesgate.models.networks.registry import build_network, preset_architecture, preset_names
+from bayesgate.models.store.bundled import READ_MODEL_HELP, resolve_model_dir
 from bayesgate.models.store.checks import served_name_problem
-from bayesgate.models.store.directory import ModelCard, load_model, save_model, write_card
+from bayesgate.models.store.directory import (
+    CALIBRATION_FILE,
+    CARD_FILE,
+    ModelCard,
+    load_model,
+    save_model,
+    write_card,
+)
 from bayesgate.models.training.adversarial import AdversarialConfig
 from bayesgate.models.training.checkpoint import STATE_FILE, Checkpointing
 from bayesgate.models.training.train import (
@@ -29,6 +37,17 @@ from bayesgate.models.training.train import (
     TrainResult,
     train,
 )
+
+STALE_FILES = (
+    CALIBRATION_FILE,
+    "calibration.md",  # bayesgate.attacks.report: REPORT_FILE, ROC_FILE, HIST_FILE (matplotlib)
+    "calibration_roc.png",
+    "calibration_hist.png",
+    "detector.json",  # bayesgate.models.detection.store: DETECTOR_JSON, DETECTOR_TENSORS
+    "detector.safetensors",
+)
+"""What ``calibrate`` and ``fit-detector`` write beside the weights: they belong to those weights,
+so ``train --force`` removes them when it replaces the model."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -43,7 +62,7 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
     _network_flags(p)
     _optimisation_flags(p)
     _run_flags(p)
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     adversarial_cli.add_arguments(p)
     p.set_defaults(func=cmd_train)
 
@@ -90,13 +109,16 @@ def _optimisation_flags(p: argparse.ArgumentParser) -> None:
         default=10,
         help="MC samples per training example (default %(default)s)",
     )
-    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--epochs", type=int, default=10, help="passes over the training images")
     p.add_argument(
-        "--k-val", type=int, default=10, help="MC samples of the per-epoch validation (default 10)"
+        "--k-val",
+        type=int,
+        default=10,
+        help="MC samples of the per-epoch validation (default %(default)s)",
     )
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adam")
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--batch-size", type=int, default=128, help="training images per minibatch")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adam", help="optimiser")
+    p.add_argument("--lr", type=float, default=1e-3, help="learning rate")
     p.add_argument(
         "--momentum",
         type=float,
@@ -111,7 +133,9 @@ def _optimisation_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--weight-decay", type=float, default=1e-6, help="λ of λ·Σ‖W‖² (paper: 1e-6)")
     p.add_argument("--p", type=float, default=None, help="dropout rate (default: the preset's)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the initial weights, minibatches and masks"
+    )
     p.add_argument(
         "--patience", type=int, default=0, help="early stopping on validation LL; 0 = off"
     )
@@ -138,6 +162,12 @@ def _run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", default=None, help="model name (default: preset-alphaA)")
     p.add_argument("--out", type=Path, default=None, help="model directory (default runs/NAME)")
     p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace the model already in --out, removing its calibration and detector files "
+        "(they belong to the old weights)",
+    )
+    p.add_argument(
         "--checkpoint-dir",
         type=Path,
         default=None,
@@ -159,18 +189,20 @@ def _add_evaluate_parser(sub: argparse._SubParsersAction) -> None:
     e = sub.add_parser(
         "evaluate", help="test-set accuracy, log-likelihood, NLL, Brier, ECE of a model"
     )
-    e.add_argument("model", type=Path, help="model directory")
+    e.add_argument("model", type=Path, help=READ_MODEL_HELP + " (a directory with --write-card)")
     e.add_argument(
         "--k", type=int, default=100, help="MC samples (default %(default)s, as in the paper)"
     )
-    e.add_argument("--split", default="test", choices=["test", "val", "train"])
+    e.add_argument(
+        "--split", default="test", choices=["test", "val", "train"], help="MNIST split evaluated"
+    )
     e.add_argument("--limit", type=int, default=None, help="first N images of the split only")
-    e.add_argument("--batch-size", type=int, default=500)
-    e.add_argument("--seed", type=int, default=0)
-    e.add_argument("--device", default="auto")
+    e.add_argument("--batch-size", type=int, default=500, help="images per MC batch")
+    e.add_argument("--seed", type=int, default=0, help="seed of the dropout masks")
+    e.add_argument("--device", default="auto", help=f"one of {', '.join(DEVICE_CHOICES)}")
     e.add_argument("--write-card", action="store_true", help="store the metrics in the model card")
     e.add_argument("--json", type=Path, default=None, help="also write the metrics to this file")
-    e.add_argument("--no-progress", action="store_true")
+    e.add_argument("--no-progress", action="store_true", help="no progress bars")
     e.set_defaults(func=cmd_evaluate)
 
 
@@ -192,6 +224,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if (problem := served_name_problem(name)) is not None:  # `serve` would refuse the model
         raise InvalidArgument(f"--name: {problem}")
     out = args.out or Path("runs") / name
+    check_out(out, args.force)
     adversarial = adversarial_cli.adversarial_config(args, config.alpha)
     checkpointing = _checkpointing(args, name, arch, adversarial)
     train_data = load_mnist("train", val_size=args.val_size, limit=args.limit)
@@ -219,10 +252,35 @@ def cmd_train(args: argparse.Namespace) -> int:
         batch_transform=transform,
     )
     card = _model_card(name, arch, config, args, result, int(train_data[0].shape[0]), device)
-    card.training.command = command_line(args)
+    card.training.command = command_line(args, omit=("force",))
+    if args.force:
+        remove_stale_files(out)
     save_model(model, card, out)
     print(json.dumps({"model": str(out), "val": result.val_metrics}, indent=2))
     return 0
+
+
+def check_out(out: Path, force: bool) -> None:
+    """Refuse (one line) an output directory that already holds a model, unless ``force``: its
+    calibration and detector would stay beside weights they were not made for."""
+    if (out / CARD_FILE).is_file() and not force:
+        raise InvalidArgument(
+            f"--out {out} already holds a model ({CARD_FILE}); its calibration and detector "
+            "files would no longer match the new weights: choose another --out, or --force to "
+            "replace the model and remove them"
+        )
+
+
+def remove_stale_files(out: Path) -> list[str]:
+    """Delete the files of :data:`STALE_FILES` in ``out`` (before new weights are written there)
+    and say on stderr which were removed; returns their names."""
+    removed = [name for name in STALE_FILES if (out / name).is_file()]
+    for name in removed:
+        (out / name).unlink()
+    if removed:
+        print(f"--force: removed from {out}, made for the old weights: {', '.join(removed)}",
+              file=sys.stderr)  # fmt: skip
+    return removed
 
 
 def _checkpointing(
@@ -387,7 +445,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.json:
         writable_parent(args.json, "--json")
     device = pick_device(args.device)
-    loaded = load_model(args.model, device)
+    # a bundled model's name reads the bundled model; --write-card writes into a directory only
+    loaded = load_model(args.model if args.write_card else resolve_model_dir(args.model), device)
     x, y = load_mnist(args.split, val_size=loaded.card.training.val_size, limit=args.limit)
     probs, log_probs = collect_mc(
         loaded.network,

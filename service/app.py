@@ -97,7 +97,25 @@ async def warm_up(worker: BatchWorker, settings: Settings, state: Any) -> None:
         state.startup_error = f"warm-up batch failed: {exc.message}"
         raise StartupError(state.startup_error) from exc
     worker.stats = WorkerStats()  # the warm-up batch is not traffic
+    warn_if_default_k_capped(settings, served)
     freeze_startup_objects()
+
+
+def warn_if_default_k_capped(settings: Settings, served: Any) -> bool:
+    """Log one warning when ``BAYESGATE_MAX_MC_SAMPLES`` makes the default K of a request smaller
+    than the K the flag's threshold was set at (the flag's false-positive rate is then not the
+    calibrated one); True when it did."""
+    basis = served.basis
+    if settings.default_mc_samples is not None or basis.k <= settings.max_mc_samples:
+        return False
+    log.warning(
+        "default K %d (BAYESGATE_MAX_MC_SAMPLES) is below the K %d the flag's threshold was set "
+        "at (%s): the flag's false-positive rate is not the calibrated one at that K",
+        settings.max_mc_samples,
+        basis.k,
+        basis.source,
+    )
+    return True
 
 
 def freeze_startup_objects() -> None:
@@ -220,8 +238,16 @@ def make_lifespan(settings: Settings, metrics: Metrics) -> Callable[[FastAPI], A
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         with switch_interval(settings.switch_interval_us / 1e6):
-            async with serve(app) as running:
-                yield running
+            try:
+                async with serve(app) as running:
+                    yield running
+            except StartupError as exc:
+                # every start-up failure the operator can fix (gRPC missing, too) is reported
+                # as its one line, not a traceback (StartupMessageMiddleware); other exceptions
+                # keep theirs
+                if not getattr(app.state, "startup_error", None):
+                    app.state.startup_error = str(exc)
+                raise
 
     @asynccontextmanager
     async def serve(app: FastAPI) -> AsyncIterator[None]:

@@ -26,6 +26,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from bayesgate.errors import InvalidArgument
+from bayesgate.extras import Need
 
 if TYPE_CHECKING:
     import uvicorn
@@ -36,6 +37,17 @@ if TYPE_CHECKING:
 ENV_PREFIX = (
     "BAYESGATE_"  # = bayesgate.service.settings.ENV_PREFIX (not imported: keeps --help fast)
 )
+FLAGS = {
+    "host": "--host",
+    "port": "--port",
+    "grpc_port": "--grpc-port",
+    "workers": "--workers",
+    "model_dir": "--model-dir",
+    "device": "--device",
+    "demo": "--demo",
+}
+"""Settings field → the ``serve`` flag that overrides it (the overrides are named by it)."""
+GRPC_MODULES = ("grpc", "tritonclient.grpc")  # what bayesgate.service.grpc_server imports
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # = bayesgate.service.metrics.MULTIPROC_ENV (must not be
 # imported before the variable is set: prometheus_client picks its mode at import)
 
@@ -124,13 +136,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         settings = settings_from_env(**overrides)
     except ValidationError as exc:
-        raise setting_error(exc, ENV_PREFIX) from None
+        given = [name for name, value in overrides.items() if value is not None]
+        raise setting_error(exc, ENV_PREFIX, {name: FLAGS[name] for name in given}) from None
     if (args.address or args.detach) and not args.ray:
         raise InvalidArgument("--address and --detach only apply with --ray")
     if args.ray and settings.workers > 1:
         raise InvalidArgument(
             "--workers does not apply with --ray: set BAYESGATE_RAY_NUM_REPLICAS instead"
         )
+    if settings.grpc_port is not None:
+        check_grpc_installed(ENV_PREFIX + "GRPC_PORT" if args.grpc_port is None else "--grpc-port")
+    if args.model_dir is not None and not settings.model_dir.is_dir():
+        raise InvalidArgument(model_dir_not_found(args.model_dir))
     try:
         settings.admin_key()  # an unreadable or short key file: one line, before anything starts
         if not args.ray:
@@ -180,6 +197,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if own_runtime_dir is not None:
             shutil.rmtree(own_runtime_dir, ignore_errors=True)
     return 0
+
+
+def check_grpc_installed(source: str) -> None:
+    """One line naming ``source`` (``--grpc-port`` or the variable) when the grpc extra is
+    missing: the app would report it only after the start-up, with a traceback and exit code 3."""
+    from bayesgate.extras import missing_message, missing_need
+
+    need = missing_need(Need(module, f"{source}: gRPC") for module in GRPC_MODULES)
+    if need is not None:
+        raise InvalidArgument(missing_message(need.what, need.module))
+
+
+def model_dir_not_found(path: Path) -> str:
+    from bayesgate.service.settings import bundled_model_names
+
+    names = ", ".join(bundled_model_names())
+    return (
+        f"--model-dir {path}: model directory not found (give a model directory or a bundled "
+        f"model's name: {names}, or bayesgate-default)"
+    )
 
 
 def check_listen(host: str, port: int, flags: str) -> None:
@@ -256,12 +293,22 @@ def page_message(settings: Settings) -> str:
     return f"bayesgate: page at {base}/{demo}{docs}"
 
 
-def setting_error(exc: ValidationError, prefix: str) -> ValueError:
-    """The first problem of a settings validation error, named by its environment variable."""
+def setting_error(
+    exc: ValidationError, prefix: str, flags: dict[str, str] | None = None
+) -> ValueError:
+    """The first problem of a settings validation error, named by the flag that gave the value
+    (``flags``: field → flag, for the values the command line passed) or else by its
+    environment variable. A problem of several settings together (a model validator: no field)
+    is its own message, which names the variables; the settings are not dumped."""
     first = exc.errors()[0]
-    field = prefix + "_".join(str(p) for p in first["loc"]).upper()
-    got = "" if "KEY" in field else f" (got {first.get('input')!r})"  # never echo a secret
-    return InvalidArgument(f"setting {field}: {first['msg']}{got}")
+    message = first["msg"].removeprefix("Value error, ")
+    if not first["loc"]:
+        return InvalidArgument(message)
+    field = "_".join(str(p) for p in first["loc"])
+    name = (flags or {}).get(field) or prefix + field.upper()
+    got = "" if "KEY" in name.upper() else f" (got {first.get('input')!r})"  # never echo a secret
+    return InvalidArgument(f"{name}: {message}{got}" if name.startswith("--") else
+                           f"setting {name}: {message}{got}")  # fmt: skip
 
 
 def _exit_cleanly(signum: int, frame: FrameType | None) -> None:

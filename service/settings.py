@@ -11,33 +11,16 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from bayesgate import models
 from bayesgate.errors import InvalidArgument
+from bayesgate.models.store.bundled import (  # noqa: F401  (re-exported: the service's names)
+    BUNDLED_MODELS_DIR,
+    DEFAULT_ALIAS,
+    DEFAULT_MODEL_DIR,
+    bundled_model_names,
+    resolve_model_dir,
+)
 
 ENV_PREFIX = "BAYESGATE_"
-BUNDLED_MODELS_DIR = Path(models.__file__).parent / "pretrained"
-# The adversarially trained model: same clean accuracy as the CNN, robust at ε = 0.3, and an
-# informed attacker gets through its flag on ~1 % of digits instead of ~99 % (docs/robustness.md).
-DEFAULT_MODEL_DIR = BUNDLED_MODELS_DIR / "bayesgate-robust"
-DEFAULT_ALIAS = "bayesgate-default"  # names whichever bundled model is the default
-
-
-def bundled_model_names() -> list[str]:
-    """Names of the model directories shipped inside the package (``bayesgate-cnn``, …)."""
-    return sorted(d.name for d in BUNDLED_MODELS_DIR.iterdir() if (d / "card.json").is_file())
-
-
-def resolve_model_dir(path: Path) -> Path:
-    """``path`` itself, or — when it is a bare name that is not a directory here but names a
-    bundled model (``bayesgate-robust``, ``bayesgate-cnn``, or ``bayesgate-default`` for the
-    default one) — that bundled model's directory."""
-    if len(path.parts) != 1 or path.is_dir():
-        return path
-    if path.name == DEFAULT_ALIAS:
-        return DEFAULT_MODEL_DIR
-    bundled = BUNDLED_MODELS_DIR / path.name
-    return bundled if (bundled / "card.json").is_file() else path
-
 
 LogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
 LogFormat = Literal["json", "text"]
@@ -61,7 +44,10 @@ class Settings(BaseSettings):
     )
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto/cpu/cuda")
     default_mc_samples: int | None = Field(
-        None, ge=1, description="K when a request gives none; unset = the calibration's K"
+        None,
+        ge=1,
+        description="K when a request gives none; unset = the flag's K (the detector's when it "
+        "decides, else calibration.json's)",
     )
     max_mc_samples: int = Field(100, ge=1, description="largest K a request may ask for")
     max_instances: int = Field(256, ge=1, description="most images in one request")
@@ -178,8 +164,8 @@ class Settings(BaseSettings):
     def _check_k(self) -> Settings:
         if self.default_mc_samples is not None and self.default_mc_samples > self.max_mc_samples:
             raise ValueError(
-                f"default_mc_samples ({self.default_mc_samples}) exceeds max_mc_samples "
-                f"({self.max_mc_samples})"
+                f"{ENV_PREFIX}DEFAULT_MC_SAMPLES ({self.default_mc_samples}) exceeds "
+                f"{ENV_PREFIX}MAX_MC_SAMPLES ({self.max_mc_samples})"
             )
         return self
 
@@ -187,8 +173,8 @@ class Settings(BaseSettings):
     def _check_metrics_key(self) -> Settings:
         if self.metrics == "protected" and self.api_key is None and self.api_key_file is None:
             raise ValueError(
-                "metrics=protected serves /metrics behind the admin API key: set "
-                "BAYESGATE_API_KEY_FILE (or BAYESGATE_API_KEY)"
+                f"{ENV_PREFIX}METRICS=protected serves /metrics behind the admin API key: set "
+                f"{ENV_PREFIX}API_KEY_FILE (or {ENV_PREFIX}API_KEY)"
             )
         return self
 

@@ -68,6 +68,9 @@ class Attack:
     (a class index or ``"random"``, see :func:`bayesgate.attacks.run.choose_targets`)."""
     slow: ClassVar[bool] = False
     """``True`` for attacks that the detection sweep runs on a subset only (``--cw-limit``)."""
+    requires: ClassVar[tuple[str, ...]] = ()
+    """Optional modules the attack imports when it runs (``("cleverhans",)``: the ``[attacks]``
+    extra); the commands check them before any work (:mod:`bayesgate.extras`)."""
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -23,6 +23,7 @@ class CWL2(Attack):
     """
 
     name: ClassVar[str] = "cw"
+    requires: ClassVar[tuple[str, ...]] = ("cleverhans",)
     slow: ClassVar[bool] = True
 
     iterations: int = 100

@@ -20,6 +20,7 @@ class FGS(Attack):
     """
 
     name: ClassVar[str] = "fgs"
+    requires: ClassVar[tuple[str, ...]] = ("cleverhans",)
 
     eta: float = 0.2
     """Step size η (the L∞ radius of the one step)."""

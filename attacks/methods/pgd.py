@@ -24,6 +24,7 @@ class PGD(Attack):
     """
 
     name: ClassVar[str] = "pgd"
+    requires: ClassVar[tuple[str, ...]] = ("cleverhans",)
 
     eps: float = 0.3
     """L∞ radius ε."""

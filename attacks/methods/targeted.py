@@ -45,6 +45,7 @@ class TargetedFGS(Attack):
     """
 
     name: ClassVar[str] = "targeted"
+    requires: ClassVar[tuple[str, ...]] = ("cleverhans",)
     targeted: ClassVar[bool] = True
 
     eta: float = 0.01

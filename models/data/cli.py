@@ -53,6 +53,7 @@ def cmd_fetch_data(args: argparse.Namespace) -> int:
         mirrors=args.mirror,
         progress=False if args.no_progress else None,
         timeout=args.timeout,
+        mirrors_flag="--mirror",
     )
     for name in MNIST_FILES:
         state = "present" if name in before else "downloaded"

@@ -72,6 +72,7 @@ def download_mnist(
     mirrors: Sequence[str] | None = None,
     progress: bool | None = None,
     timeout: float = DEFAULT_TIMEOUT,
+    mirrors_flag: str | None = None,
 ) -> Path:
     """Download the MNIST files missing from ``<data_dir>/mnist`` and return that folder.
 
@@ -79,13 +80,18 @@ def download_mnist(
     four);
     files already present (gzipped or not) are left alone. ``progress`` shows a tqdm bar on
     stderr (default: only when stderr is a terminal). Raises DataError when a file cannot be
-    fetched intact from any mirror.
+    fetched intact from any mirror; its hint names ``mirrors_flag`` (the command-line flag that
+    gave ``mirrors``), or $BAYESGATE_MNIST_MIRRORS when the mirrors came from there.
     """
     names = list(MNIST_FILES) if files is None else list(files)
     unknown = [n for n in names if n not in MNIST_FILES]
     if unknown:
         raise ValueError(f"unknown MNIST files {unknown}; known: {', '.join(MNIST_FILES)}")
     urls = resolve_mirrors(mirrors)
+    if mirrors is None:
+        hint = f"set {MIRRORS_ENV} or copy the original file there"
+    else:
+        hint = f"try another {mirrors_flag or 'mirror'} or copy the original file there"
     show = _isatty() if progress is None else progress
     folder = mnist_dir(data_dir)
     try:
@@ -94,7 +100,9 @@ def download_mnist(
         raise DataError(f"{folder}: cannot create data folder ({e.strerror or e})") from e
     for name in names:
         if find_mnist_file(folder, name) is None:
-            download_file(MNIST_FILES[name], folder, urls, progress=show, timeout=timeout)
+            download_file(
+                MNIST_FILES[name], folder, urls, progress=show, timeout=timeout, hint=hint
+            )
     return folder
 
 
@@ -105,8 +113,10 @@ def download_file(
     *,
     progress: bool = False,
     timeout: float = DEFAULT_TIMEOUT,
+    hint: str = f"set {MIRRORS_ENV} or copy the original file there",
 ) -> Path:
-    """Fetch ``spec`` into ``folder`` from the first mirror that serves it intact."""
+    """Fetch ``spec`` into ``folder`` from the first mirror that serves it intact (``hint``:
+    what to do when none does, at the end of the error)."""
     errors = []
     for base in mirrors:
         url = base + spec.name
@@ -114,10 +124,7 @@ def download_file(
             return _fetch_verified(url, spec, folder / spec.name, progress, timeout)
         except _MirrorError as e:
             errors.append(f"{url}: {e}")
-    raise DataError(
-        f"could not download {spec.name} into {folder}: {'; '.join(errors)}"
-        f" (set {MIRRORS_ENV} or copy the original file there)"
-    )
+    raise DataError(f"could not download {spec.name} into {folder}: {'; '.join(errors)} ({hint})")
 
 
 def _fetch_verified(url: str, spec: MnistFile, final: Path, progress: bool, timeout: float) -> Path:

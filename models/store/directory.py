@@ -25,6 +25,7 @@ from torch import nn
 
 from bayesgate.errors import ModelStoreError
 from bayesgate.models.networks.registry import build_network
+from bayesgate.models.store.bundled import BUNDLED_MODELS_DIR, resolve_model_dir
 from bayesgate.models.store.card import CARD_FORMAT, ModelCard
 from bayesgate.models.store.checks import (
     MAX_JSON_DEPTH,
@@ -163,9 +164,13 @@ def read_json_object(path: Path, missing: str, kind: str) -> dict[str, Any]:
 def read_card(directory: Path | str) -> ModelCard:
     """Parse and check ``card.json`` of a model directory."""
     path = Path(directory) / CARD_FILE
-    data = read_json_object(
-        path, f"model card not found (is {directory} a model directory?)", "a model card"
-    )
+    missing = f"model card not found (is {directory} a model directory?)"
+    if resolve_model_dir(Path(directory)) != Path(directory):  # a bundled model's name
+        missing = (
+            f"model card not found: {directory} names a bundled model, which this command does "
+            f"not write into; copy it to a directory of your own first ({BUNDLED_MODELS_DIR})"
+        )
+    data = read_json_object(path, missing, "a model card")
     return ModelCard.from_dict(data, source=str(path))
 
 

@@ -35,14 +35,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=float,
         nargs="+",
         default=[0.0, 0.5, 1.0],
-        help="α value(s), trained together (default: 0 0.5 1)",
+        help="α value(s), trained together",
     )
     p.add_argument("--splits", type=int, default=None, help="first N standard splits (default all)")
     p.add_argument("--epochs", type=int, default=None, help="default: the folder's n_epochs.txt")
     p.add_argument("--k-train", type=int, default=10, help="MC samples per training example")
     p.add_argument("--k-val", type=int, default=100, help="MC samples for grid selection")
     p.add_argument("--k-test", type=int, default=10_000, help="MC samples at test (Gal: 10000)")
-    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=128, help="minibatch size")
     p.add_argument("--lr", type=float, default=1e-2, help="Adam learning rate")
     p.add_argument("--lengthscale", type=float, default=1e-2, help="prior length-scale l")
     p.add_argument("--dropout-rates", type=float, nargs="+", default=None, help="override grid")
@@ -62,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="test the selected grid net (trained on 80%%) instead of retraining on the split",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the splits' training")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     p.add_argument("--data-dir", type=Path, default=None, help="default $BAYESGATE_DATA_DIR")
     p.add_argument("--out", type=Path, default=None, help="default runs/uci/<dataset>")
@@ -71,7 +71,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="keep the splits already in --out (same settings required) and run the rest",
     )
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_uci)
 
     t = sub.add_parser("uci-table", help="markdown table of `bayesgate uci` results vs the paper")

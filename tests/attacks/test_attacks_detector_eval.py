@@ -349,6 +349,19 @@ def test_attack_k_defaults_to_the_cards(detector_dir: Path) -> None:
     assert run.k_attack == loaded.card.inference.k_attack
 
 
+def test_adaptive_eval_prints_its_table_then_the_files(
+    detector_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["adaptive-eval", str(detector_dir), "--out", str(tmp_path), "--limit", "4", "--eps",
+            "0.1", "--weights", "1", "--steps", "2", "--k", "2", "--k-attack", "2",
+            "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    printed, files = capsys.readouterr().out.split("\n\n{", 1)
+    assert printed + "\n" == (tmp_path / "adaptive.md").read_text()
+    assert "| ε | attack | misclassified |" in printed
+    assert json.loads("{" + files)["md"] == str(tmp_path / "adaptive.md")
+
+
 def test_adaptive_eval_restarts_need_apgd_one_line(
     detector_dir: Path, tmp_path: Path, capsys
 ) -> None:

@@ -39,10 +39,17 @@ def test_settings_are_checked() -> None:
 
 
 def test_evaluate_robust_writes_the_table_and_resumes_from_its_cache(
-    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     out = tmp_path / "robust"
     assert main(["evaluate-robust", str(tiny_model_dir), "--out", str(out), *FAST]) == 0
+    # the table it wrote is printed (as the README promises), then the files
+    printed, files = capsys.readouterr().out.split("\n\n{", 1)
+    assert printed + "\n" == (out / "robust.md").read_text()
+    assert json.loads("{" + files)["markdown"] == str(out / "robust.md")
     result = json.loads((out / "robust.json").read_text())
     (model,) = result["models"]
     assert model["images"] == 12 and [r["eps"] for r in model["eps"]] == [0.05, 0.2]

@@ -220,7 +220,9 @@ def test_train_resume_continues_to_the_same_weights(tmp_path: Path, data_env: No
               "--momentum", "0", "--threads", "1", "--no-progress", "--device", "cpu"]  # fmt: skip
     ckpt_dir = tmp_path / "ckpt"
     assert _run([*common, "--epochs", "2", "--out", str(tmp_path / "once")])[0] == 0
-    first = [*common, "--checkpoint-dir", str(ckpt_dir), "--out", str(tmp_path / "twice")]
+    # --force: each sitting writes its model into the same --out, replacing the last one's
+    first = [*common, "--checkpoint-dir", str(ckpt_dir), "--out", str(tmp_path / "twice"),
+             "--force"]  # fmt: skip
     code, _, stderr = _run([*first, "--epochs", "1", "--resume"])  # nothing to resume yet
     assert code == 0 and f"--resume: no checkpoint in {ckpt_dir} yet; starting at epoch 1" in stderr
     assert _run([*first, "--epochs", "1"])[0] == 0

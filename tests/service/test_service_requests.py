@@ -238,5 +238,5 @@ async def test_metrics_placement_is_a_setting(
 
 
 def test_protected_metrics_need_a_key(make_settings: Callable[..., Settings]) -> None:
-    with pytest.raises(ValueError, match=r"metrics=protected .* BAYESGATE_API_KEY"):
+    with pytest.raises(ValueError, match=r"BAYESGATE_METRICS=protected .* BAYESGATE_API_KEY"):
         make_settings(metrics="protected")

@@ -245,7 +245,8 @@ def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
     assert (s.max_batch_size, s.max_queue_delay_s, s.docs, s.device) == (7, 0.0125, False, "cpu")
     assert CLI_PREFIX == ENV_PREFIX
     monkeypatch.setenv("BAYESGATE_DEFAULT_MC_SAMPLES", "200")
-    with pytest.raises(ValueError, match="exceeds max_mc_samples"):
+    expected = r"BAYESGATE_DEFAULT_MC_SAMPLES \(200\) exceeds BAYESGATE_MAX_MC_SAMPLES \(100\)"
+    with pytest.raises(ValueError, match=expected):
         Settings()
 
 

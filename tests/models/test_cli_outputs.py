@@ -1,0 +1,93 @@
+"""``train --out`` into a directory that holds a model (refused, or ``--force`` removing what
+belonged to the old weights), and ``fetch-data --mirror`` failures naming the flag."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from bayesgate.cli import main
+from bayesgate.models import cli as models_cli
+from bayesgate.models.data.download import download_mnist
+from bayesgate.models.store.directory import CARD_FILE, load_model
+
+TINY = ["train", "--preset", "mlp-2x32", "--epochs", "1", "--limit", "100", "--val-size", "50",
+        "--k-train", "1", "--k-val", "1", "--no-progress", "--device", "cpu"]  # fmt: skip
+OLD_FILES = ("calibration.json", "calibration.md", "calibration_roc.png", "calibration_hist.png",
+             "detector.json", "detector.safetensors")  # fmt: skip
+
+
+def _run(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture
+def data_env(monkeypatch: pytest.MonkeyPatch, mnist_root: Path, tmp_path: Path) -> None:
+    monkeypatch.setenv("BAYESGATE_DATA_DIR", str(mnist_root))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+def test_train_refuses_an_out_holding_a_model_unless_forced(
+    tmp_path: Path, data_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "model"
+    out.mkdir()
+    (out / CARD_FILE).write_text('{"old": true}')
+    for name in OLD_FILES:
+        (out / name).write_text("of the old weights")
+    (out / "notes.txt").write_text("mine")
+
+    def no_data(*args: object, **kwargs: object) -> None:
+        raise AssertionError("training started although --out was refused")
+
+    with monkeypatch.context() as mp:
+        mp.setattr("bayesgate.models.data.mnist.load_mnist", no_data)
+        code, stdout, stderr = _run([*TINY, "--out", str(out)])
+    assert code == 2 and stdout == "" and stderr.count("\n") == 1
+    assert stderr.startswith(f"bayesgate: error: --out {out} already holds a model (card.json)")
+    assert "would no longer match the new weights" in stderr and "--force" in stderr
+    assert sorted(p.name for p in out.iterdir()) == sorted([CARD_FILE, *OLD_FILES, "notes.txt"])
+
+    code, stdout, stderr = _run([*TINY, "--out", str(out), "--force"])
+    assert code == 0, stderr
+    removed = ", ".join(OLD_FILES)
+    assert f"--force: removed from {out}, made for the old weights: {removed}\n" in stderr
+    assert sorted(p.name for p in out.iterdir()) == sorted([CARD_FILE, "model.safetensors",
+                                                            "notes.txt"])  # fmt: skip
+    card = load_model(out).card
+    assert "--force" not in card.training.command  # the recorded command changes no number
+    assert json.loads(stdout)["model"] == str(out)
+
+
+def test_the_stale_files_are_what_calibrate_and_fit_detector_write() -> None:
+    pytest.importorskip("matplotlib")
+    from bayesgate.attacks import report
+    from bayesgate.models.detection import store
+    from bayesgate.models.store.directory import CALIBRATION_FILE
+
+    written = {CALIBRATION_FILE, report.REPORT_FILE, report.ROC_FILE, report.HIST_FILE,
+               store.DETECTOR_JSON, store.DETECTOR_TENSORS}  # fmt: skip
+    assert set(models_cli.STALE_FILES) == written == set(OLD_FILES)
+
+
+def test_a_mirror_failure_names_where_the_mirrors_came_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dead = "http://127.0.0.1:9/"  # the discard port: nothing listens
+    argv = ["fetch-data", "--data-dir", str(tmp_path), "--mirror", dead, "--timeout", "5",
+            "--no-progress"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bayesgate: error: could not download") and err.count("\n") == 1
+    assert "(try another --mirror or copy the original file there)" in err
+    assert "BAYESGATE_MNIST_MIRRORS" not in err
+    monkeypatch.setenv("BAYESGATE_MNIST_MIRRORS", dead)
+    with pytest.raises(Exception, match=r"\(set BAYESGATE_MNIST_MIRRORS or copy the original"):
+        download_mnist(tmp_path, files=["t10k-labels-idx1-ubyte.gz"], timeout=5)

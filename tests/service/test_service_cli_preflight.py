@@ -1,0 +1,126 @@
+"""``bayesgate serve``'s pre-flight names what to change: the flag when the value came from a
+flag, the variable when it came from the environment; a missing gRPC extra is one line before
+anything starts, and a StartupError in the app's lifespan is one line without its traceback."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from serve_process import free_port
+
+from bayesgate import extras
+from bayesgate.cli import main
+from bayesgate.service import cli as service_cli
+from bayesgate.service.app import create_app
+from bayesgate.service.errors import StartupError
+from bayesgate.service.settings import Settings
+
+
+def _one_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    return err.strip()
+
+
+@pytest.fixture
+def never_serves(monkeypatch: pytest.MonkeyPatch) -> None:
+    def run_uvicorn(config: Any) -> None:
+        raise AssertionError("the server started although the pre-flight should have refused")
+
+    monkeypatch.setattr(service_cli, "run_uvicorn", run_uvicorn)
+
+
+@pytest.fixture
+def no_grpc(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, *args: object):
+        return None if name.split(".")[0] == "grpc" else real(name, *args)
+
+    monkeypatch.setattr(extras, "find_spec", find_spec)
+
+
+@pytest.mark.parametrize("source", ["flag", "env"])
+def test_grpc_port_without_the_grpc_extra_is_one_line(
+    source: str,
+    tiny_model_dir: Path,
+    no_grpc: None,
+    never_serves: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["serve", "--model-dir", str(tiny_model_dir), "--port", str(free_port())]
+    if source == "flag":
+        argv += ["--grpc-port", str(free_port())]
+    else:
+        monkeypatch.setenv("BAYESGATE_GRPC_PORT", str(free_port()))
+    assert main(argv) == 2
+    named = "--grpc-port" if source == "flag" else "BAYESGATE_GRPC_PORT"
+    assert _one_line(capsys) == (
+        f"bayesgate: error: {named}: gRPC needs the grpc extra (grpc is not installed): "
+        "pip install 'bayesgate[grpc]'"
+    )
+
+
+@pytest.mark.anyio
+async def test_a_startup_error_after_the_model_loads_is_one_line_not_a_traceback(
+    make_settings: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gRPC server fails to start (its extra missing) inside the lifespan, after the model
+    loaded: the lifespan.startup.failed message is the StartupError's line."""
+    monkeypatch.setitem(sys.modules, "bayesgate.service.grpc_server", None)  # import fails
+    app = create_app(make_settings(grpc_port=free_port()))
+    sent: list[dict[str, Any]] = []
+    incoming = [{"type": "lifespan.startup"}]
+
+    async def receive() -> dict[str, Any]:
+        return incoming.pop(0)
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    with pytest.raises(StartupError):
+        await app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}, receive, send)
+    [message] = sent
+    assert message["type"] == "lifespan.startup.failed"
+    text = message["message"]
+    assert text.startswith("cannot serve the model: BAYESGATE_GRPC_PORT is set but gRPC is not")
+    assert "\n" not in text and "Traceback" not in text
+
+
+def test_a_check_of_two_settings_names_both_variables_without_the_settings(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("BAYESGATE_DEFAULT_MC_SAMPLES", "500")
+    assert main(["serve", "--port", "8019"]) == 2
+    assert _one_line(capsys) == (
+        "bayesgate: error: BAYESGATE_DEFAULT_MC_SAMPLES (500) exceeds "
+        "BAYESGATE_MAX_MC_SAMPLES (100)"
+    )
+
+
+def test_a_bad_value_is_named_by_the_flag_that_gave_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["serve", "--port", "70000"]) == 2
+    err = _one_line(capsys)
+    assert err.startswith("bayesgate: error: --port: ") and "(got 70000)" in err
+    assert "BAYESGATE_PORT" not in err
+    monkeypatch.setenv("BAYESGATE_PORT", "70000")
+    assert main(["serve"]) == 2
+    assert _one_line(capsys).startswith("bayesgate: error: setting BAYESGATE_PORT: ")
+
+
+def test_a_missing_model_dir_flag_is_named_as_the_flag(
+    tmp_path: Path, never_serves: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "nosuch"
+    assert main(["serve", "--model-dir", str(missing), "--port", str(free_port())]) == 2
+    err = _one_line(capsys)
+    assert err.startswith(f"bayesgate: error: --model-dir {missing}: model directory not found")
+    assert "bayesgate-robust" in err and "BAYESGATE_MODEL_DIR" not in err
