@@ -17,8 +17,8 @@ from bayesgate import extras
 from bayesgate.cli import main
 from bayesgate.service import cli as service_cli
 from bayesgate.service.app import create_app
-from bayesgate.service.errors import StartupError
 from bayesgate.service.settings import Settings
+from tests.service.lifespan import startup_failure_message
 
 
 def _one_line(capsys: pytest.CaptureFixture[str]) -> str:
@@ -75,20 +75,7 @@ async def test_a_startup_error_after_the_model_loads_is_one_line_not_a_traceback
     loaded: the lifespan.startup.failed message is the StartupError's line."""
     monkeypatch.setitem(sys.modules, "bayesgate.service.grpc_server", None)  # import fails
     app = create_app(make_settings(grpc_port=free_port()))
-    sent: list[dict[str, Any]] = []
-    incoming = [{"type": "lifespan.startup"}]
-
-    async def receive() -> dict[str, Any]:
-        return incoming.pop(0)
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    with pytest.raises(StartupError):
-        await app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}, receive, send)
-    [message] = sent
-    assert message["type"] == "lifespan.startup.failed"
-    text = message["message"]
+    text = await startup_failure_message(app)
     assert text.startswith("cannot serve the model: BAYESGATE_GRPC_PORT is set but gRPC is not")
     assert "\n" not in text and "Traceback" not in text
 

@@ -26,6 +26,7 @@ from bayesgate.service.cli import ENV_PREFIX as CLI_PREFIX
 from bayesgate.service.errors import StartupError
 from bayesgate.service.served_model import load_served_model
 from bayesgate.service.settings import ENV_PREFIX, Settings, bundled_model_names
+from tests.service.lifespan import startup_failure_message
 
 BUNDLED = Path(models.__file__).parent / "pretrained" / "bayesgate-robust"  # the default
 PRETRAINED = BUNDLED.parent
@@ -167,21 +168,9 @@ async def test_lifespan_failure_reports_one_line_to_the_server(
     shutil.copytree(tiny_model_dir, broken)
     name = _break(broken, how)
     app = create_app(make_settings(model_dir=broken))
-    sent: list[dict[str, Any]] = []
-    incoming = [{"type": "lifespan.startup"}]
-
-    async def receive() -> dict[str, Any]:
-        return incoming.pop(0)
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    with pytest.raises(StartupError):
-        await app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}, receive, send)
-    [message] = sent
-    assert message["type"] == "lifespan.startup.failed"
-    assert message["message"].startswith(f"cannot serve the model: {broken / name}: ")
-    assert "\n" not in message["message"] and "Traceback" not in message["message"]
+    message = await startup_failure_message(app)
+    assert message.startswith(f"cannot serve the model: {broken / name}: ")
+    assert "\n" not in message and "Traceback" not in message
 
 
 def test_invalid_setting_is_a_one_line_error(
