@@ -25,7 +25,13 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k-attack", type=int, default=None, help="MC passes attacked (k_attack)")
     p.add_argument("--seed", type=int, default=0, help="seed of masks, starts and noise")
     p.add_argument("--batch-size", type=int, default=100, help="images per attack batch")
-    p.add_argument("--cache-dir", type=Path, default=None, help="adversarial-example cache")
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="where adversarial examples are cached, kept across runs and --out folders "
+        "(default: detect-eval/ in the user cache, ~/.cache/bayesgate/detect-eval)",
+    )
     p.add_argument("--device", default="auto", help=f"one of {', '.join(DEVICE_CHOICES)}")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -221,10 +222,10 @@ def format_table(entries: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {e['dataset']} | {e['alpha']:g} | {e.get('tau', 'grid')} | {e['splits']} "
             f"| {e.get('epochs', '')} "
-            f"| {e['test_nll']:.2f} ± {e['test_nll_se']:.2f} "
+            f"| {_ours(e['test_nll'], e['test_nll_se'], 2)} "
             f"| {_fmt(e.get('paper_nll'), e.get('paper_nll_se'))} "
             f"| {_mark(e, 'nll')} "
-            f"| {e['test_rmse']:.{digits}f} ± {e['test_rmse_se']:.{digits}f} "
+            f"| {_ours(e['test_rmse'], e['test_rmse_se'], digits)} "
             f"| {_fmt(e.get('paper_rmse'), e.get('paper_rmse_se'))} "
             f"| {_mark(e, 'rmse')} |"
         )
@@ -239,6 +240,12 @@ def _mark(entry: dict[str, Any], metric: str) -> str:
     if within:
         return "✓"
     return "better" if entry[f"test_{metric}"] < entry[f"paper_{metric}"] else "✗"
+
+
+def _ours(value: float, se: float, digits: int) -> str:
+    """``mean ± SE``; the SE of one split is not defined (NaN): ``mean ± –``."""
+    spread = f"{se:.{digits}f}" if math.isfinite(se) else "–"
+    return f"{value:.{digits}f} ± {spread}"
 
 
 def _fmt(value: float | None, se: float | None = None) -> str:

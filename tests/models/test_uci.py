@@ -260,6 +260,17 @@ def test_table_marks_better_than_the_paper_apart_from_worse() -> None:
     assert row(2.56, 2.42) == "✗ better"  # 2.38 + 0.175 = 2.555 < 2.56; 2.97 − 0.542 > 2.42
 
 
+def test_one_split_shows_no_standard_error_rather_than_nan() -> None:
+    """One split has no standard error (NaN): the table shows ``± –``, not ``± nan``."""
+    from bayesgate.models.uci.cli import format_table
+
+    nan = float("nan")
+    entry = {"dataset": "yacht", "alpha": 0.5, "splits": 1, "test_nll": 1.234,
+             "test_nll_se": nan, "test_rmse": 0.876, "test_rmse_se": nan}  # fmt: skip
+    line = format_table([entry]).splitlines()[2]
+    assert "1.23 ± –" in line and "0.88 ± –" in line and "nan" not in line
+
+
 def test_grid_edge_counts() -> None:
     settings = {"dropout_rates": [0.005, 0.01, 0.05], "tau_values": [0.1, 0.5, 1.0]}
     rows = [
