@@ -68,11 +68,9 @@ class Run:
         common = ["--threads", "1", "--out", str(self.out), "--resume"]
         if self.command == "uci":
             return [bayesgate, "uci", *self.flags, "--no-progress", *common]
-        # --force: the run's --out is its own, written again when a resumed run ends (its
-        # --epochs grown) or re-exported; stale calibration/detector files there are removed
         return [
             bayesgate, "train", *self.flags, "--device", "cpu", "--name", self.name,
-            "--checkpoint-dir", str(self.checkpoint), *common, "--force",
+            "--checkpoint-dir", str(self.checkpoint), *common,
         ]  # fmt: skip
 
 

@@ -224,7 +224,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if (problem := served_name_problem(name)) is not None:  # `serve` would refuse the model
         raise InvalidArgument(f"--name: {problem}")
     out = args.out or Path("runs") / name
-    check_out(out, args.force)
+    # --resume continues the run that wrote --out: replacing its model there is the point
+    replace = args.force or args.resume
+    check_out(out, replace)
     adversarial = adversarial_cli.adversarial_config(args, config.alpha)
     checkpointing = _checkpointing(args, name, arch, adversarial)
     train_data = load_mnist("train", val_size=args.val_size, limit=args.limit)
@@ -253,8 +255,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     )
     card = _model_card(name, arch, config, args, result, int(train_data[0].shape[0]), device)
     card.training.command = command_line(args, omit=("force",))
-    if args.force:
-        remove_stale_files(out)
+    if replace:
+        remove_stale_files(out, "--force" if args.force else "--resume")
     save_model(model, card, out)
     print(json.dumps({"model": str(out), "val": result.val_metrics}, indent=2))
     return 0
@@ -266,19 +268,20 @@ def check_out(out: Path, force: bool) -> None:
     if (out / CARD_FILE).is_file() and not force:
         raise InvalidArgument(
             f"--out {out} already holds a model ({CARD_FILE}); its calibration and detector "
-            "files would no longer match the new weights: choose another --out, or --force to "
-            "replace the model and remove them"
+            "files would no longer match the new weights: choose another --out, --resume to "
+            "continue the run that wrote it, or --force to replace the model (either removes them)"
         )
 
 
-def remove_stale_files(out: Path) -> list[str]:
+def remove_stale_files(out: Path, flag: str = "--force") -> list[str]:
     """Delete the files of :data:`STALE_FILES` in ``out`` (before new weights are written there)
-    and say on stderr which were removed; returns their names."""
+    and say on stderr which were removed (naming ``flag``, the option that allowed it); returns
+    their names."""
     removed = [name for name in STALE_FILES if (out / name).is_file()]
     for name in removed:
         (out / name).unlink()
     if removed:
-        print(f"--force: removed from {out}, made for the old weights: {', '.join(removed)}",
+        print(f"{flag}: removed from {out}, made for the old weights: {', '.join(removed)}",
               file=sys.stderr)  # fmt: skip
     return removed
 

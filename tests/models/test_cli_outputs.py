@@ -65,6 +65,15 @@ def test_train_refuses_an_out_holding_a_model_unless_forced(
     assert "--force" not in card.training.command  # the recorded command changes no number
     assert json.loads(stdout)["model"] == str(out)
 
+    # --resume continues the run that wrote --out (bench/long_runs.py grows a run's epochs):
+    # allowed without --force, and the stale files go as with it
+    for name in OLD_FILES:
+        (out / name).write_text("of the old weights")
+    code, _, stderr = _run([*TINY, "--out", str(out), "--resume"])
+    assert code == 0, stderr
+    assert f"--resume: removed from {out}, made for the old weights: {removed}\n" in stderr
+    assert not any((out / name).exists() for name in OLD_FILES)
+
 
 def test_the_stale_files_are_what_calibrate_and_fit_detector_write() -> None:
     pytest.importorskip("matplotlib")
