@@ -195,7 +195,9 @@ class Server:
         """CPU seconds so far of the server process's live threads, summed by OS thread name
         (``/proc/<pid>/task/<tid>/comm``): Python's threads carry the process's name, native
         threads their own (``bgfront-conn`` in ``bench/native_front_proto``). A thread that
-        ended is no longer counted; empty where /proc is not there."""
+        ended is no longer counted; each count is in whole clock ticks, rounded on its own, so
+        the sum can pass the process's own count by a tick per thread; empty where /proc is not
+        there."""
         out: dict[str, float] = {}
         pid = self.loop_pid()
         try:
