@@ -115,7 +115,12 @@ def _register_calibrate(sub: argparse._SubParsersAction) -> None:
 
 def _register_sweep(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sweep", help="reproduce the paper's Figures 6-7 and the detection table")
-    p.add_argument("models", type=Path, nargs="+", help="model directories")
+    p.add_argument(
+        "models",
+        type=model_to_read,
+        nargs="+",
+        help="model directories, or bundled models' names (bayesgate-robust, bayesgate-cnn)",
+    )
     p.add_argument(
         "--figure", choices=FIGURES, required=True, help="6, 7 (the paper's) or the detection table"
     )

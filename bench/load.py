@@ -419,6 +419,11 @@ def run_server(
                 name: 1000 * (seconds - threads0.get(name, 0.0)) / (n * per) if n else float("nan")
                 for name, seconds in sorted(threads1.items())
             }
+            # threads that ended in the window (connections closed at its end, say): the
+            # process's CPU beyond its live threads' (± a clock tick per thread)
+            row["cpu_ms_threads_ended"] = row["cpu_ms_per_request"] - sum(
+                row["cpu_ms_by_thread_name"].values()
+            )
             # the load generator's own CPU (this process): it shares the machine with the server
             row["client_cpu_ms_per_request"] = 1000 * client_cpu / n if n else float("nan")
             rows.append(row)

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from bayesgate.errors import InvalidArgument, check_at_least
+from bayesgate.errors import InvalidArgument, ModelStoreError, check_at_least
 from bayesgate.models import adversarial_cli
 from bayesgate.models.data.mnist import DEFAULT_VAL_SIZE
 from bayesgate.models.device import DEVICE_CHOICES, pick_device, set_threads
@@ -24,6 +24,7 @@ from bayesgate.models.store.directory import (
     CARD_FILE,
     ModelCard,
     load_model,
+    read_card,
     save_model,
     write_card,
 )
@@ -224,11 +225,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     if (problem := served_name_problem(name)) is not None:  # `serve` would refuse the model
         raise InvalidArgument(f"--name: {problem}")
     out = args.out or Path("runs") / name
-    # --resume continues the run that wrote --out: replacing its model there is the point
-    replace = args.force or args.resume
-    check_out(out, replace)
     adversarial = adversarial_cli.adversarial_config(args, config.alpha)
     checkpointing = _checkpointing(args, name, arch, adversarial)
+    # --resume with this run's checkpoint continues the run that wrote --out (same name):
+    # writing its model there again is the point; anything else needs --force
+    continuing = (
+        args.resume
+        and (Path(checkpointing.directory) / STATE_FILE).is_file()
+        and card_name(out) == name
+    )
+    check_out(out, args.force or continuing)
+    old_sha = card_sha(out)
     train_data = load_mnist("train", val_size=args.val_size, limit=args.limit)
     val_data = load_mnist("val", val_size=args.val_size) if args.val_size else None
     torch.manual_seed(args.seed)  # the initial weights, too, follow --seed
@@ -255,9 +262,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     )
     card = _model_card(name, arch, config, args, result, int(train_data[0].shape[0]), device)
     card.training.command = command_line(args, omit=("force",))
-    if replace:
+    card = save_model(model, card, out)
+    if old_sha is not None and old_sha != card.weights_sha256:
+        # the old weights' calibration and detector no longer describe this model
         remove_stale_files(out, "--force" if args.force else "--resume")
-    save_model(model, card, out)
     print(json.dumps({"model": str(out), "val": result.val_metrics}, indent=2))
     return 0
 
@@ -269,8 +277,26 @@ def check_out(out: Path, force: bool) -> None:
         raise InvalidArgument(
             f"--out {out} already holds a model ({CARD_FILE}); its calibration and detector "
             "files would no longer match the new weights: choose another --out, --resume to "
-            "continue the run that wrote it, or --force to replace the model (either removes them)"
+            "continue the run that wrote it (its checkpoint), or --force to replace the model "
+            "(new weights then remove them)"
         )
+
+
+def card_name(out: Path) -> str | None:
+    """The name in ``out``'s model card, or None (no card, or one that does not read)."""
+    try:
+        return read_card(out).name if (out / CARD_FILE).is_file() else None
+    except ModelStoreError:
+        return None
+
+
+def card_sha(out: Path) -> str | None:
+    """The weights sha256 in ``out``'s model card: None without a card, ``""`` for one that does
+    not read (its files are then taken for another model's)."""
+    try:
+        return read_card(out).weights_sha256 if (out / CARD_FILE).is_file() else None
+    except ModelStoreError:
+        return ""
 
 
 def remove_stale_files(out: Path, flag: str = "--force") -> list[str]:

@@ -118,6 +118,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from bayesgate.models.device import pick_device
+    from bayesgate.models.store.bundled import model_dir_not_found
     from bayesgate.service.errors import StartupError
     from bayesgate.service.http_server import http_protocol
     from bayesgate.service.logs import uvicorn_log_config
@@ -147,7 +148,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if settings.grpc_port is not None:
         check_grpc_installed(ENV_PREFIX + "GRPC_PORT" if args.grpc_port is None else "--grpc-port")
     if args.model_dir is not None and not settings.model_dir.is_dir():
-        raise InvalidArgument(model_dir_not_found(args.model_dir))
+        raise InvalidArgument(model_dir_not_found(args.model_dir, "--model-dir"))
     try:
         settings.admin_key()  # an unreadable or short key file: one line, before anything starts
         if not args.ray:
@@ -207,16 +208,6 @@ def check_grpc_installed(source: str) -> None:
     need = missing_need(Need(module, f"{source}: gRPC") for module in GRPC_MODULES)
     if need is not None:
         raise InvalidArgument(missing_message(need.what, need.module))
-
-
-def model_dir_not_found(path: Path) -> str:
-    from bayesgate.service.settings import bundled_model_names
-
-    names = ", ".join(bundled_model_names())
-    return (
-        f"--model-dir {path}: model directory not found (give a model directory or a bundled "
-        f"model's name: {names}, or bayesgate-default)"
-    )
 
 
 def check_listen(host: str, port: int, flags: str) -> None:

@@ -23,7 +23,10 @@ from bayesgate.service.prediction import Prediction
 from bayesgate.service.settings import Settings
 
 MAX_SEED = 2**63 - 1
-MC_SAMPLES = "MC dropout passes K (default: BAYESGATE_DEFAULT_MC_SAMPLES, else the calibration's K)"
+MC_SAMPLES = (
+    "MC dropout passes K (default: BAYESGATE_DEFAULT_MC_SAMPLES, else the flag's K: the "
+    "detector's when it decides, else calibration.json's)"
+)
 SEED = "seed of the dropout masks: the same input, seed and K give the same numbers"
 
 

@@ -34,6 +34,7 @@ from bayesgate.models.detection.detector import rule_summary
 from bayesgate.models.detection.store import DETECTOR_JSON
 from bayesgate.models.device import pick_device
 from bayesgate.models.mc.uncertainty import SCORES
+from bayesgate.models.store.bundled import model_dir_not_found
 from bayesgate.models.store.calibration import Calibration, read_calibration
 from bayesgate.models.store.checks import served_name_problem
 from bayesgate.models.store.directory import (
@@ -44,7 +45,6 @@ from bayesgate.models.store.directory import (
     load_model,
 )
 from bayesgate.service.errors import StartupError
-from bayesgate.service.settings import bundled_model_names
 
 
 @dataclass(frozen=True)
@@ -68,13 +68,15 @@ class Decision:
 class FlagBasis:
     """What set the flag's threshold: ``decided_by`` (``"override"``, ``"detector"`` or
     ``"calibration"``), ``source`` (the file whose fit the threshold and its score's scale belong
-    to: ``detector.json`` or ``calibration.json``), ``k`` (the MC samples of that fit) and
-    ``target_fpr`` (``None`` for an admin threshold that no fit set)."""
+    to: ``detector.json`` or ``calibration.json``), ``k`` (the MC samples of that fit),
+    ``target_fpr`` (that fit's) and ``target_fpr_applies`` (False for an admin threshold that no
+    fit set: the flag's false-positive rate is then not that target)."""
 
     decided_by: str
     source: str
     k: int
-    target_fpr: float | None
+    target_fpr: float
+    target_fpr_applies: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,8 +113,8 @@ class ServedModel:
     def basis(self) -> FlagBasis:
         """Where the decision's threshold comes from (see :class:`FlagBasis`). An override's score
         belongs to ``calibration.json`` when it has a threshold there (the uncertainty scores),
-        else to the detector; its target FPR is that file's when the override keeps the stored
-        threshold, ``None`` when the admin gave another. Computed once per instance (a request
+        else to the detector; its target FPR is that file's, and applies only when the override
+        keeps the stored threshold. Computed once per instance (a request
         without ``mc_samples`` reads its K); an admin change makes a new instance."""
         cal, detector, override = self.calibration, self.detector, self.override
         if override is not None:
@@ -129,9 +131,8 @@ class ServedModel:
             )
         else:
             source, k, fpr, stored = CALIBRATION_FILE, cal.k, cal.target_fpr, cal.thresholds
-        if override is not None and stored.get(score) != override.threshold:
-            fpr = None
-        return FlagBasis(decided_by, source, k, fpr)
+        applies = override is None or stored.get(score) == override.threshold
+        return FlagBasis(decided_by, source, k, fpr, applies)
 
     @property
     def flag_aurocs(self) -> tuple[dict[str, float], str | None]:
@@ -198,6 +199,7 @@ class ServedModel:
                 "score": decision.score,
                 "threshold": decision.threshold,
                 "target_fpr": basis.target_fpr,
+                "target_fpr_applies": basis.target_fpr_applies,
                 "mc_samples": basis.k,
                 "decided_by": basis.decided_by,
                 "threshold_source": basis.source,
@@ -289,11 +291,7 @@ def load_served_model(directory: Path | str, device: str = "auto") -> ServedMode
     """Load weights (sha256-verified) and ``calibration.json`` (tied to those weights)."""
     directory = Path(directory)
     if not directory.is_dir():
-        names = ", ".join(bundled_model_names())
-        raise StartupError(
-            f"{directory}: model directory not found (set BAYESGATE_MODEL_DIR to a model "
-            f"directory or a bundled model's name: {names}, or bayesgate-default)"
-        )
+        raise StartupError(model_dir_not_found(directory, "BAYESGATE_MODEL_DIR"))
     try:
         dev = pick_device(device)
     except (ValueError, RuntimeError) as exc:

@@ -15,7 +15,7 @@ What the batch computes is what the worker computes: the engine call of
 features, a generator seeded with the request's seed when it sent one) and every column of
 :func:`~bayesgate.service.prediction.answer_columns`; the decision is ``score > threshold`` in
 float64, as :func:`~bayesgate.service.prediction.predictions` decides it. The answers are
-byte-identical to the service's (``tests/service/test_front_end_protos.py``).
+byte-identical to the service's (``tests/service/test_native_front_proto.py``).
 """
 
 from __future__ import annotations

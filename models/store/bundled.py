@@ -44,3 +44,13 @@ def model_to_read(text: str) -> Path:
 
 
 READ_MODEL_HELP = "model directory, or a bundled model's name (bayesgate-robust, bayesgate-cnn)"
+
+
+def model_dir_not_found(path: Path, source: str) -> str:
+    """The one line for a model directory that does not exist, naming where it came from
+    (``--model-dir``, ``BAYESGATE_MODEL_DIR``) and what else it may be."""
+    names = ", ".join(bundled_model_names())
+    return (
+        f"{source} {path}: model directory not found (give a model directory or a bundled "
+        f"model's name: {names}, or {DEFAULT_ALIAS})"
+    )

@@ -167,8 +167,9 @@ def read_card(directory: Path | str) -> ModelCard:
     missing = f"model card not found (is {directory} a model directory?)"
     if resolve_model_dir(Path(directory)) != Path(directory):  # a bundled model's name
         missing = (
-            f"model card not found: {directory} names a bundled model, which this command does "
-            f"not write into; copy it to a directory of your own first ({BUNDLED_MODELS_DIR})"
+            f"model card not found: {directory} is a bundled model's name, not a model directory "
+            "here; the commands that write into the model directory (calibrate, fit-detector, "
+            f"evaluate --write-card) need a copy of your own (from {BUNDLED_MODELS_DIR})"
         )
     data = read_json_object(path, missing, "a model card")
     return ModelCard.from_dict(data, source=str(path))

@@ -546,9 +546,10 @@ function showGauge(p) {
 }
 
 /** The target false-positive rate of the flag's threshold (/v1/models reports the detector's
- * when it decides); undefined for an admin threshold that no fit set (null). */
+ * when it decides); undefined for an admin threshold that no fit set (target_fpr_applies). */
 function targetFpr() {
-  return state.model?.calibration.target_fpr ?? undefined;
+  const cal = state.model?.calibration;
+  return cal && cal.target_fpr_applies !== false ? cal.target_fpr ?? undefined : undefined;
 }
 
 /** The K per-pass probabilities of the three most probable classes: one dot per pass. */

@@ -46,6 +46,17 @@ def test_reading_commands_take_a_bundled_name(
     adv = tmp_path / "adv.npz"
     argv = ["attack", "bayesgate-default", "--out", str(adv), "--limit", "2", "--no-progress"]
     assert cli.main(argv) == 0 and adv.is_file()
+    # every command that only reads a model parses the name to the bundled directory
+    parser = cli.build_parser()
+    bundled = BUNDLED_MODELS_DIR / "bayesgate-cnn"
+    for argv in (
+        ["sweep", "bayesgate-cnn", "--figure", "6"],
+        ["detect-eval", "bayesgate-cnn", "--out", "x"],
+        ["adaptive-eval", "bayesgate-cnn", "--out", "x"],
+        ["evaluate-robust", "bayesgate-cnn", "--out", "x"],
+    ):
+        args = parser.parse_args(argv)
+        assert bundled in [getattr(args, "model", None), *getattr(args, "models", [])], argv
 
 
 @pytest.mark.parametrize(
@@ -63,7 +74,8 @@ def test_writing_commands_refuse_a_bundled_name(
     before = {p: p.stat().st_mtime_ns for p in (BUNDLED_MODELS_DIR).rglob("*") if p.is_file()}
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
-    assert "names a bundled model, which this command does not write into" in err
+    assert "is a bundled model's name, not a model directory here" in err
+    assert "need a copy of your own" in err
     assert err.count("\n") == 1
     after = {p: p.stat().st_mtime_ns for p in (BUNDLED_MODELS_DIR).rglob("*") if p.is_file()}
     assert after == before

@@ -65,14 +65,26 @@ def test_train_refuses_an_out_holding_a_model_unless_forced(
     assert "--force" not in card.training.command  # the recorded command changes no number
     assert json.loads(stdout)["model"] == str(out)
 
-    # --resume continues the run that wrote --out (bench/long_runs.py grows a run's epochs):
-    # allowed without --force, and the stale files go as with it
+    # --resume with the run's checkpoint continues the run that wrote --out (bench/long_runs.py
+    # grows a run's epochs): allowed without --force. Weights unchanged (the run was done):
+    # its calibration and detector still describe them and stay.
     for name in OLD_FILES:
-        (out / name).write_text("of the old weights")
+        (out / name).write_text("of these weights")
+    sha = load_model(out).card.weights_sha256
     code, _, stderr = _run([*TINY, "--out", str(out), "--resume"])
     assert code == 0, stderr
+    assert load_model(out).card.weights_sha256 == sha and "removed" not in stderr
+    assert all((out / name).read_text() == "of these weights" for name in OLD_FILES)
+    # more epochs: new weights, so the files go, and the line names --resume
+    code, _, stderr = _run([*TINY[:4], "2", *TINY[5:], "--out", str(out), "--resume"])
+    assert code == 0, stderr
+    assert load_model(out).card.weights_sha256 != sha
     assert f"--resume: removed from {out}, made for the old weights: {removed}\n" in stderr
     assert not any((out / name).exists() for name in OLD_FILES)
+    # --resume into another run's --out (another name: not this checkpoint's) is refused
+    other = [*TINY, "--name", "other-run", "--out", str(out), "--resume"]
+    code, _, stderr = _run(other)
+    assert code == 2 and "already holds a model" in stderr
 
 
 def test_the_stale_files_are_what_calibrate_and_fit_detector_write() -> None:

@@ -109,6 +109,10 @@ def test_a_short_run_measures_a_real_server_and_the_engine(
     tick_ms_per_image = 1000 / os.sysconf("SC_CLK_TCK") / batched["requests"]
     slack = len(by_name) * tick_ms_per_image
     assert sum(by_name.values()) <= batched["cpu_ms_per_request"] + slack
+    assert batched["cpu_ms_threads_ended"] == pytest.approx(
+        batched["cpu_ms_per_request"] - sum(by_name.values())
+    )
+    assert batched["cpu_ms_threads_ended"] >= -slack
     assert 1.0 <= batched["mean_batch"] <= 8.0
     engine = rows[f"engine B={max(1, round(batched['mean_batch']))}"]
     assert batched["cpu_ms_outside_model"] == pytest.approx(

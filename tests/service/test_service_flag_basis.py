@@ -121,9 +121,12 @@ def test_override_reports_the_figures_of_its_scores_file(apart: ServedModel) -> 
         10,
     )
     assert kde["auroc"] == _fit_aurocs(apart, KDE_SCORE)
-    # a threshold of the admin's own: no fit set it, so no target FPR
+    assert vr["target_fpr_applies"] and kde["target_fpr_applies"]
+    # a threshold of the admin's own: no fit set it, so the file's target FPR (still a number,
+    # as it always was in this field) does not apply
     own = summary(FUSED, 1.0)
-    assert own["threshold"] == 1.0 and own["target_fpr"] is None and own["mc_samples"] == 10
+    assert own["threshold"] == 1.0 and own["mc_samples"] == 10
+    assert own["target_fpr"] == 0.01 and own["target_fpr_applies"] is False
 
 
 def test_no_auroc_of_another_score_is_shown_as_the_flags(apart: ServedModel) -> None:
@@ -193,3 +196,24 @@ def test_a_max_k_below_the_flag_s_k_is_warned_about_once_at_start(
     capped_but_set = settings(max_mc_samples=k - 1, default_mc_samples=1)
     assert not app.warn_if_default_k_capped(capped_but_set, served)
     assert len(lines) == 1
+
+
+@pytest.mark.anyio
+async def test_the_start_up_warns_when_the_default_k_is_capped(
+    make_settings: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The warm-up calls the check: a server started with BAYESGATE_MAX_MC_SAMPLES under the
+    flag's K logs the warning once; one started without the cap logs none."""
+    from bayesgate.service import app as app_module
+    from tests.service.conftest import running_app
+
+    lines: list[str] = []
+    monkeypatch.setattr(app_module.log, "warning", lambda fmt, *a: lines.append(fmt % a))
+    k = load_served_model(make_settings().model_dir, "cpu").basis.k
+    async with running_app(make_settings(max_mc_samples=k - 1)):
+        pass
+    assert len([line for line in lines if line.startswith(f"default K {k - 1} ")]) == 1
+    lines.clear()
+    async with running_app(make_settings()):
+        pass
+    assert not [line for line in lines if line.startswith("default K")]
