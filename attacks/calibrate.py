@@ -30,15 +30,15 @@ from bayesgate.attacks.methods import Attack
 from bayesgate.attacks.metrics import flag_rate, threshold_at_fpr
 from bayesgate.attacks.pipeline import (
     AttackResult,
-    CleanRun,
     ExampleScores,
+    clean_run,
     detection_run,
     rounded,
     uncertainty_scores,
 )
 from bayesgate.attacks.specs import DEFAULT_ATTACKS, parse_attacks
 from bayesgate.errors import InvalidArgument
-from bayesgate.models.mc.uncertainty import SCORES, predictive_mean
+from bayesgate.models.mc.uncertainty import SCORES
 from bayesgate.models.store.calibration import Calibration
 from bayesgate.models.store.directory import LoadedModel, ModelCard
 
@@ -113,7 +113,15 @@ def calibrate(
         print(note, file=sys.stderr)
     _log(progress, f"validation: {val_limit or settings.val_size} images, K={settings.k}")
     x_val, y_val = load_mnist("val", val_size=settings.val_size, limit=val_limit)
-    val = _validation_run(loaded, x_val, settings.k, score_fn, seed, device, progress)
+    val = clean_run(
+        loaded.network,
+        x_val,
+        settings.k,
+        score_fn=score_fn,
+        seed=seed,
+        device=device,
+        progress=progress,
+    )
     thresholds, realised = fit_thresholds(val.scores, target_fpr)
     x_test, y_test = load_mnist("test", limit=test_limit)
     keys = ", ".join(a.key for a in settings.attacks)
@@ -146,23 +154,6 @@ def calibrate(
     return CalibrationRun(
         calibration, val.scores, test.clean.scores, test.adversarial_scores, test.clean.images
     )
-
-
-def _validation_run(
-    loaded: LoadedModel,
-    x: torch.Tensor,
-    k: int,
-    score_fn: ExampleScores,
-    seed: int,
-    device: torch.device | str,
-    progress: bool,
-) -> CleanRun:
-    """Step 1 on the validation images, as :func:`bayesgate.attacks.pipeline.clean_run` computes
-    it (same batches and seeded masks), with ``evaluate``'s progress bar ("MC K=…")."""
-    from bayesgate.models.training.evaluate import collect_mc
-
-    probs, _ = collect_mc(loaded.network, x, k, device=device, seed=seed, progress=progress)
-    return CleanRun(probs, predictive_mean(probs).argmax(dim=1), score_fn(x, probs))
 
 
 def detector_note(

@@ -119,9 +119,11 @@ def clean_run(
     score_fn: ExampleScores = uncertainty_scores,
     seed: int = 0,
     device: torch.device | str = "cpu",
+    progress: bool = False,
 ) -> CleanRun:
-    """Step 1: MC probabilities over ``k`` passes (masks seeded ``seed``) and every score."""
-    probs, pred = mc_predictions(model, x, k, device=device, seed=seed)
+    """Step 1: MC probabilities over ``k`` passes (masks seeded ``seed``) and every score
+    (``progress``: a bar over the batches)."""
+    probs, pred = mc_predictions(model, x, k, device=device, seed=seed, progress=progress)
     return CleanRun(probs, pred, score_fn(x, probs))
 
 

@@ -132,9 +132,13 @@ def mc_predictions(
     device: torch.device | str = "cpu",
     seed: int = 0,
     batch_size: int = 500,
+    progress: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(probs N×K×C, argmax of p̄ N)`` on the CPU, masks from a generator seeded ``seed``."""
-    probs, _ = collect_mc(model, x, k, device=device, batch_size=batch_size, seed=seed)
+    """``(probs N×K×C, argmax of p̄ N)`` on the CPU, masks from a generator seeded ``seed``;
+    ``progress``: ``evaluate``'s bar ("MC K=…")."""
+    probs, _ = collect_mc(
+        model, x, k, device=device, batch_size=batch_size, seed=seed, progress=progress
+    )
     return probs, predictive_mean(probs).argmax(dim=1)
 
 
