@@ -108,9 +108,14 @@ def bayesgate_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "bayesgate.cli"]
 
 
-def _process_cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def _stat_cpu_seconds(stat: Path) -> float:
+    """User + system CPU seconds in a ``/proc/…/stat`` file (a process's or a thread's)."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _process_cpu_seconds(pid: int) -> float:
+    return _stat_cpu_seconds(Path(f"/proc/{pid}/stat"))
 
 
 def _process_tree(pid: int) -> list[int]:
@@ -185,9 +190,7 @@ class Server:
         counted here."""
         try:
             pid = self.loop_pid()
-            stat = Path(f"/proc/{pid}/task/{pid}/stat").read_text()
-            fields = stat.rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            return _stat_cpu_seconds(Path(f"/proc/{pid}/task/{pid}/stat"))
         except (OSError, ValueError, IndexError):
             return float("nan")
 
@@ -204,14 +207,13 @@ class Server:
             tasks = list(Path(f"/proc/{pid}/task").iterdir())
         except OSError:
             return out
-        tick = os.sysconf("SC_CLK_TCK")
         for task in tasks:
             try:
                 name = (task / "comm").read_text().strip()
-                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+                seconds = _stat_cpu_seconds(task / "stat")
             except OSError:  # the thread ended meanwhile
                 continue
-            out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+            out[name] = out.get(name, 0.0) + seconds
         return out
 
     def get(self, path: str) -> dict[str, Any]:

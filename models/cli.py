@@ -229,13 +229,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     checkpointing = _checkpointing(args, name, arch, adversarial)
     # --resume with this run's checkpoint continues the run that wrote --out (same name):
     # writing its model there again is the point; anything else needs --force
+    held = (out / CARD_FILE).is_file()
+    old_card = readable_card(out) if held else None
     continuing = (
         args.resume
         and (Path(checkpointing.directory) / STATE_FILE).is_file()
-        and card_name(out) == name
+        and old_card is not None
+        and old_card.name == name
     )
     check_out(out, args.force or continuing)
-    old_sha = card_sha(out)
+    # the weights the files in --out belong to ("": a card that does not read: another model's)
+    old_sha = None if not held else old_card.weights_sha256 if old_card is not None else ""
     train_data = load_mnist("train", val_size=args.val_size, limit=args.limit)
     val_data = load_mnist("val", val_size=args.val_size) if args.val_size else None
     torch.manual_seed(args.seed)  # the initial weights, too, follow --seed
@@ -282,21 +286,12 @@ def check_out(out: Path, force: bool) -> None:
         )
 
 
-def card_name(out: Path) -> str | None:
-    """The name in ``out``'s model card, or None (no card, or one that does not read)."""
+def readable_card(out: Path) -> ModelCard | None:
+    """``out``'s model card, or None when it does not read."""
     try:
-        return read_card(out).name if (out / CARD_FILE).is_file() else None
+        return read_card(out)
     except ModelStoreError:
         return None
-
-
-def card_sha(out: Path) -> str | None:
-    """The weights sha256 in ``out``'s model card: None without a card, ``""`` for one that does
-    not read (its files are then taken for another model's)."""
-    try:
-        return read_card(out).weights_sha256 if (out / CARD_FILE).is_file() else None
-    except ModelStoreError:
-        return ""
 
 
 def remove_stale_files(out: Path, flag: str = "--force") -> list[str]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import json
 import logging
+import math
 import os
 import shutil
 import subprocess
@@ -37,7 +38,8 @@ import orjson
 import torch
 
 from bayesgate.service.errors import ServiceError, error_body, status_of
-from bayesgate.service.inference_protocol import INPUT_NAME, output_table
+from bayesgate.service.inference_protocol import INPUT_NAME, encode_outputs, output_table
+from bayesgate.service.oip_binary import DTYPES
 from bayesgate.service.prediction import Prediction, answer_columns
 from bayesgate.service.served_model import ModelRef, ServedModel
 
@@ -45,8 +47,6 @@ log = logging.getLogger("bayesgate.native_front")
 
 CRATE = Path(__file__).resolve().parent / "rust"
 TARGET_DIR = Path.home() / ".cache" / "bayesgate" / "native-front-target"
-ITEMSIZE = {"FP32": 4, "FP64": 8, "INT32": 4, "INT64": 8, "BOOL": 1}
-NUMPY_DTYPE = {"FP32": "<f4", "FP64": "<f8", "INT32": "<i4", "INT64": "<i8", "BOOL": "|b1"}
 STATS = (
     "fast_requests",
     "fast_images",
@@ -182,7 +182,7 @@ def front_config(
         {
             "name": name,
             "datatype": datatype,
-            "elements": math_prod(classes if d == "C" else int(d) for d in dims),
+            "elements": math.prod(classes if d == "C" else int(d) for d in dims),
         }
         for name, (datatype, dims) in output_table(served).items()
     ]
@@ -216,13 +216,6 @@ def front_config(
     }
 
 
-def math_prod(values: Any) -> int:
-    out = 1
-    for v in values:
-        out *= int(v)
-    return out
-
-
 def batch_outputs(
     served: ServedModel, probs: torch.Tensor, features: dict[str, torch.Tensor] | None
 ) -> dict[str, np.ndarray]:
@@ -243,7 +236,7 @@ def batch_outputs(
         "score": chosen,
     }
     return {
-        name: values[name].numpy().astype(NUMPY_DTYPE[datatype], copy=False)
+        name: values[name].numpy().astype(DTYPES[datatype], copy=False)
         for name, (datatype, _) in output_table(served).items()
     }
 
@@ -275,20 +268,12 @@ def answer_prefix_of(
 
 def prediction_outputs(served: ServedModel, rows: list[Prediction]) -> dict[str, np.ndarray]:
     """The same arrays as :func:`batch_outputs`, from the worker's per-image answers (the
-    ``worker`` mode of :class:`Bridge`)."""
-    out: dict[str, np.ndarray] = {}
-    for name, (datatype, _) in output_table(served).items():
-        if name == "probabilities":
-            values: list[Any] = [p.probabilities for p in rows]
-        elif name in PREDICTION_FIELDS:
-            values = [getattr(p, name) for p in rows]
-        else:  # the detector's scores
-            values = [p.scores[name] for p in rows]
-        out[name] = np.array(values).astype(NUMPY_DTYPE[datatype], copy=False)
-    return out
-
-
-PREDICTION_FIELDS = frozenset(Prediction.__dataclass_fields__)
+    ``worker`` mode of :class:`Bridge`): the service's own ``/v2`` encoding of them
+    (:func:`~bayesgate.service.inference_protocol.encode_outputs`), as arrays."""
+    encoded = encode_outputs(rows, list(output_table(served)))
+    return {
+        o["name"]: np.array(o["data"]).astype(DTYPES[o["datatype"]], copy=False) for o in encoded
+    }
 
 
 @dataclass

@@ -165,7 +165,8 @@ def read_card(directory: Path | str) -> ModelCard:
     """Parse and check ``card.json`` of a model directory."""
     path = Path(directory) / CARD_FILE
     missing = f"model card not found (is {directory} a model directory?)"
-    if resolve_model_dir(Path(directory)) != Path(directory):  # a bundled model's name
+    # only for a card that is not there: a bundled model's name given where a directory is needed
+    if not path.is_file() and resolve_model_dir(Path(directory)) != Path(directory):
         missing = (
             f"model card not found: {directory} is a bundled model's name, not a model directory "
             "here; the commands that write into the model directory (calibrate, fit-detector, "
