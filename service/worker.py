@@ -102,6 +102,9 @@ class Job:
     deadline: float  # time.monotonic() after which the answer is useless
     enqueued: float = field(default_factory=time.monotonic)
     dropped: str | None = None  # why the waiting request cancelled it (``client_gone``, …)
+    requests: int = 1  # HTTP requests it answers (a native front end's batch is several)
+    gathered: bool = False  # already a batch (the native front end's): run without waiting
+    on_start: Callable[[], None] | None = None  # called (worker thread) as its engine call starts
     future: concurrent.futures.Future[list[Prediction]] = field(
         default_factory=concurrent.futures.Future
     )
@@ -300,18 +303,18 @@ class BatchWorker:
         with self._work_lock:
             return self._queued_work + self._reserved_work
 
-    def _refuse_unless_fits(self, work: int, what: str) -> None:
+    def _refuse_unless_fits(self, work: int, what: str, requests: int = 1) -> None:
         """:class:`QueueFull` unless ``work`` more image-passes fit (call with the lock held).
 
         ``what`` describes the request's work in the message (``needs 40``, ``needs about …``)."""
         held = self._queued_work + self._reserved_work
         if self._queue.full():
-            self._reject()
+            self._reject(requests)
             raise QueueFull(
                 f"the inference queue is full ({self._queue.maxsize} requests waiting); retry later"
             )
         if self.max_queued_work is not None and held > 0 and held + work > self.max_queued_work:
-            self._reject()
+            self._reject(requests)
             raise QueueFull(
                 f"the inference queue is full: it holds {held} image-passes (images × K) of "
                 f"work, this request {what} and the limit is {self.max_queued_work} "
@@ -373,30 +376,48 @@ class BatchWorker:
         return_samples: bool,
         deadline: float,
         reservation: Reservation | None = None,
+        requests: int = 1,
+        gathered: bool = False,
+        on_start: Callable[[], None] | None = None,
     ) -> Job:
         """Enqueue without blocking; :class:`QueueFull` when the job's work or the job itself does
-        not fit. The request's ``reservation`` (if any) becomes the job's queued work."""
+        not fit. The request's ``reservation`` (if any) becomes the job's queued work.
+
+        For jobs that are batches already (the native front end's): ``requests`` is how many
+        requests the job answers (counted in the stats and metrics); ``gathered`` runs it without
+        waiting up to ``max_queue_delay`` for more jobs (those already queued still join it);
+        ``on_start`` is called in the worker thread when its engine call starts — the moment to
+        form the next batch, so that it gathers the requests that arrive during this call."""
         if not self.running:
             raise NotReady("the inference worker is not running (starting up or shutting down)")
-        job = Job(x=x, k=k, seed=seed, return_samples=return_samples, deadline=deadline)
+        job = Job(
+            x=x,
+            k=k,
+            seed=seed,
+            return_samples=return_samples,
+            deadline=deadline,
+            requests=requests,
+            gathered=gathered,
+            on_start=on_start,
+        )
         with self._work_lock:
             if reservation is not None:
                 self._reserved_work -= reservation.work
                 reservation.work = 0
-            self._refuse_unless_fits(job.work, f"needs {job.work}")
+            self._refuse_unless_fits(job.work, f"needs {job.work}", requests)
             try:
                 self._queue.put_nowait(job)  # puts happen under this lock: not full
             except queue.Full:  # pragma: no cover - defensive
-                self._reject()
+                self._reject(requests)
                 raise QueueFull("the inference queue is full; retry later") from None
             self._queued_work += job.work
         self._report_depth()
         return job
 
-    def _reject(self) -> None:
-        self.stats.record(requests_rejected=1)
+    def _reject(self, requests: int = 1) -> None:
+        self.stats.record(requests_rejected=requests)
         if self.metrics is not None:
-            self.metrics.count_requests("rejected")
+            self.metrics.count_requests("rejected", requests)
 
     def _dequeued(self, job: Job) -> Job:
         with self._work_lock:
@@ -575,7 +596,8 @@ class BatchWorker:
         first = self._next(None)
         batch, size = [first], first.size
         self._running = batch  # visible to abandon() while the batch waits to fill
-        until = first.enqueued + self.max_queue_delay_s
+        # a batch already (gathered): take what is queued now, wait for nothing more
+        until = time.monotonic() if first.gathered else first.enqueued + self.max_queue_delay_s
         while size < self.max_batch_size:
             try:
                 job = self._next(until - time.monotonic())
@@ -599,7 +621,7 @@ class BatchWorker:
             if not _claim(job) or now + self.fastest_seconds(job.work) > job.deadline:
                 # cancelled by the waiting request (client gone or timed out), or it cannot be
                 # answered before its deadline even at the fastest rate seen lately
-                self.drop(job.dropped or "deadline")
+                self.drop(job.dropped or "deadline", job.requests)
                 if job.future.running():
                     settle(
                         job.future,
@@ -612,6 +634,8 @@ class BatchWorker:
             if metrics is not None:
                 metrics.queue_seconds.observe(now - job.enqueued)
             live.append(job)
+            if job.on_start is not None:
+                job.on_start()
         self._running = live
         groups: dict[int, list[Job]] = {}
         for job in live:
@@ -666,7 +690,7 @@ class BatchWorker:
             if reason is None:
                 rest.append(job)
                 continue
-            self.drop(reason, stage="computing")
+            self.drop(reason, job.requests, stage="computing")
             if reason == "client_gone":
                 settle(job.future, exc=ClientGone("the client closed the connection"))
             else:
@@ -729,16 +753,17 @@ class BatchWorker:
         except Exception as exc:
             self._fail(jobs, exc, size, computed.engine_seconds)
             return
+        requests = sum(job.requests for job in jobs)
         self.stats.record_call(
             size,
-            len(jobs),
+            requests,
             computed.engine_seconds,
             ok=True,
             cpu_seconds=computed.engine_cpu_seconds,
         )
         if self.metrics is not None:
             self.metrics.observe_engine_call(size, computed.engine_seconds)
-            self.metrics.count_requests("succeeded", len(jobs))
+            self.metrics.count_requests("succeeded", requests)
             self.metrics.count_instances(size, sum(p.adversarial for p in answers))
         offset = 0
         for job in jobs:
@@ -750,11 +775,12 @@ class BatchWorker:
             settle(job.future, rows)
 
     def _fail(self, jobs: list[Job], exc: Exception, size: int, seconds: float) -> None:
-        self.stats.record_call(size, len(jobs), seconds, ok=False)
+        requests = sum(job.requests for job in jobs)
+        self.stats.record_call(size, requests, seconds, ok=False)
         if self.metrics is not None:
             self.metrics.observe_engine_call(size, seconds)
-            self.metrics.count_requests("failed", len(jobs))
-        log.exception("worker: engine call failed for %d request(s)", len(jobs))
+            self.metrics.count_requests("failed", requests)
+        log.exception("worker: engine call failed for %d request(s)", requests)
         message = f"inference failed: {type(exc).__name__}: {exc}"
         for job in jobs:
             settle(job.future, exc=InferenceFailed(message))

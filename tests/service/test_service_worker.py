@@ -359,3 +359,39 @@ async def test_stats_split_engine_time_into_wall_and_worker_thread_cpu(
     assert cpu < 0.1 * wall  # sleeping: the thread used (almost) no CPU
     wall, cpu = totals[True]
     assert 0.5 * wall < cpu <= wall + 0.01  # spinning: CPU ≈ wall (less if the machine is busy)
+
+
+def test_a_gathered_job_runs_without_the_gather_wait_and_counts_its_requests(
+    tiny_model_dir: Any,
+) -> None:
+    """A native front end's batch (``gathered``) does not wait ``max_queue_delay`` for company;
+    ``on_start`` is called once, before its answer; its ``requests`` are what the stats count.
+    A plain job under the same worker does wait (the control)."""
+    worker = BatchWorker(load_served_model(tiny_model_dir, "cpu"), max_queue_delay_s=1.5)
+    worker.start()
+    try:
+        x = torch.rand(3, 1, 28, 28)
+        events: list[str] = []
+        start = time.monotonic()
+        job = worker.submit(
+            x,
+            4,
+            seed=None,
+            return_samples=False,
+            deadline=start + 30,
+            requests=3,
+            gathered=True,
+            on_start=lambda: events.append("start"),
+        )
+        job.future.add_done_callback(lambda _: events.append("answered"))
+        rows = job.future.result(timeout=10)
+        gathered_s = time.monotonic() - start
+        assert len(rows) == 3 and gathered_s < 1.0 and events == ["start", "answered"]
+        assert worker.stats.snapshot()["requests_succeeded"] == 3
+        start = time.monotonic()
+        plain = worker.submit(x, 4, seed=None, return_samples=False, deadline=start + 30)
+        plain.future.result(timeout=10)
+        assert time.monotonic() - start >= 1.4  # waited for more jobs
+        assert worker.stats.snapshot()["requests_succeeded"] == 4
+    finally:
+        worker.stop()
