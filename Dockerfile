@@ -22,8 +22,20 @@
 
 ARG VARIANT=gpu
 ARG TORCH_VERSION=2.13.0
+# The native front end (BAYESGATE_NATIVE_PORT): Rust, std only, built offline in its own stage.
+ARG RUST_IMAGE=rust:1.95-slim-bookworm
 ARG CUDA_IMAGE=nvidia/cuda:13.0.2-base-ubuntu24.04
 ARG CPU_IMAGE=ubuntu:24.04
+
+# ---- the native front end's library (service/native_front: no crates, so no registry access) --
+# Built against Debian 12's glibc (2.36); the Ubuntu 24.04 runtime (2.39) runs it. The image sets
+# BAYESGATE_NATIVE_LIBRARY to it, so `serve --native-port` needs no cargo in the container.
+FROM ${RUST_IMAGE} AS native
+COPY service/native_front/ /src/native_front/
+WORKDIR /src/native_front
+RUN cargo build --release --offline --lib \
+    && mkdir -p /out \
+    && cp target/release/libbgfront.so /out/libbgfront.so
 
 # ---- operating system per variant (both Ubuntu 24.04, so both get the same Python 3.12) --------
 FROM ${CUDA_IMAGE} AS os-gpu
@@ -99,6 +111,7 @@ RUN groupadd --system --gid 10001 bayesgate \
         --shell /usr/sbin/nologin bayesgate
 COPY --from=venv /opt/venv /opt/venv
 COPY --from=venv /opt/bayesgate /opt/bayesgate
+COPY --from=native /out/libbgfront.so /opt/bayesgate/native/libbgfront.so
 COPY deploy/healthcheck.py /opt/bayesgate/healthcheck.py
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
@@ -106,9 +119,11 @@ ENV PATH=/opt/venv/bin:$PATH \
     BAYESGATE_HOST=0.0.0.0 \
     BAYESGATE_PORT=8000 \
     BAYESGATE_MODEL_DIR=/opt/bayesgate/default-model \
+    BAYESGATE_NATIVE_LIBRARY=/opt/bayesgate/native/libbgfront.so \
     BAYESGATE_DEMO=false
 WORKDIR /home/bayesgate
 USER 10001:10001
+# The service. With BAYESGATE_NATIVE_PORT=8002 the native front end listens on 8002 too (publish it).
 EXPOSE 8000
 # Readiness, not liveness: healthy once the model is loaded and a warm-up batch has run.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \

@@ -197,7 +197,7 @@ class Server:
     def cpu_by_thread_name(self) -> dict[str, float]:
         """CPU seconds so far of the server process's live threads, summed by OS thread name
         (``/proc/<pid>/task/<tid>/comm``): Python's threads carry the process's name, native
-        threads their own (``bgfront-conn`` in ``bench/native_front_proto``). A thread that
+        threads their own (``bgfront-conn``: the native front end, ``--native-port``). A thread that
         ended is no longer counted; each count is in whole clock ticks, rounded on its own, so
         the sum can pass the process's own count by a tick per thread; empty where /proc is not
         there."""
@@ -385,23 +385,29 @@ def run_server(
 ) -> list[dict[str, Any]]:
     """Start one server (gRPC on too when a workload needs it) and drive each workload in turn:
     a short warm-up, then ``--duration`` seconds; the server's CPU and ``/v1/stats`` deltas."""
-    port, grpc_port = free_port(), free_port()
+    port, grpc_port, native_port = free_port(), free_port(), free_port()
     env = server_env(args, batch)
     if any(protocol is None for _, protocol, _ in workloads):
         env["BAYESGATE_GRPC_PORT"] = str(grpc_port)
+    if any(name == NATIVE for name, _, _ in workloads):
+        env["BAYESGATE_NATIVE_PORT"] = str(native_port)
     rows = []
     with Server(model_dir, port, env) as server:
         server.wait_ready()
         for name, protocol, bodies in workloads:
 
-            def go(seconds: float, cap: int, protocol: Protocol | None = protocol, bodies=bodies):
+            def go(
+                seconds: float,
+                cap: int,
+                protocol: Protocol | None = protocol,
+                bodies=bodies,
+                to: int = native_port if name == NATIVE else port,
+            ):
                 if protocol is None:
                     from load_protocols import drive_grpc
 
                     return asyncio.run(drive_grpc(grpc_port, bodies, args.clients, seconds, cap))
-                return asyncio.run(
-                    drive(port, bodies, args.clients, seconds, cap, protocol=protocol)
-                )
+                return asyncio.run(drive(to, bodies, args.clients, seconds, cap, protocol=protocol))
 
             go(min(1.0, args.duration), 10_000)  # warm-up
             before, cpu0 = server.get("/v1/stats"), server.cpu_seconds()
@@ -589,11 +595,12 @@ def add_load_options(p: argparse.ArgumentParser, per: str, threads_help: str) ->
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
 
 
-PROTOCOLS = ("/v1 JSON", "/v1 PNG", "/v2 JSON", "/v2 binary", "gRPC")
-UNBATCHED = ("/v1 JSON", "/v2 binary")  # also run without batching
+NATIVE = "native /v2 binary"  # /v2 binary to the native front end's port (--native-port)
+PROTOCOLS = ("/v1 JSON", "/v1 PNG", "/v2 JSON", "/v2 binary", "gRPC", NATIVE)
+UNBATCHED = ("/v1 JSON", "/v2 binary", NATIVE)  # also run without batching
 
 
-MULTI_IMAGE = ("/v1 JSON", "/v2 JSON", "/v2 binary")  # protocols with N images per request
+MULTI_IMAGE = ("/v1 JSON", "/v2 JSON", "/v2 binary", NATIVE)  # N images per request possible
 
 
 def workloads(
@@ -608,6 +615,7 @@ def workloads(
         "/v1 PNG": lambda: lp.v1_png(images, k),
         "/v2 JSON": lambda: lp.v2_json(images, k, model, per_request),
         "/v2 binary": lambda: lp.v2_binary(images, k, model, per_request),
+        NATIVE: lambda: lp.v2_binary(images, k, model, per_request),
         "gRPC": lambda: (None, lp.grpc_requests(images, k, model)),
     }
     return [(name, *make[name]()) for name in names]

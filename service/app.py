@@ -143,6 +143,9 @@ class Serving:
     uninstall_drain: Callable[[], None] | None
     grpc_server: Any = None  # grpc.aio.Server when BAYESGATE_GRPC_PORT is set
     grace_s: float = 0.0  # how long the gRPC server may finish in-flight calls at shutdown
+    native: Any = None  # NativeBridge when BAYESGATE_NATIVE_PORT is set
+    native_collector: Any = None  # its /metrics collector
+    native_grace_s: float = 0.0  # from its drain's start: longest wait for accepted requests
 
 
 def go_ready(
@@ -158,6 +161,9 @@ def go_ready(
         metrics.set_ready(False)
 
     def on_stop() -> None:
+        native = getattr(state, "native", None)
+        if native is not None:  # stops accepting with uvicorn; answers what it accepted
+            native.drain()
         loop.call_later(drain_answer_after(settings.drain_timeout_s), abandon_at_drain_deadline)
 
     def abandon_at_drain_deadline() -> None:
@@ -196,6 +202,12 @@ async def shut_down(state: Any, metrics: Metrics, serving: Serving) -> None:
         serving.uninstall_drain()
     if serving.grpc_server is not None:  # in-flight calls finish on the still-running worker
         await serving.grpc_server.stop(serving.grace_s)
+    if serving.native is not None:  # likewise its accepted requests; then the rest get 503
+        metrics.remove_collector(serving.native_collector)
+        left = await asyncio.to_thread(serving.native.shut_down, serving.native_grace_s)
+        state.native = None
+        if left:
+            log.warning("native front end: %d request(s) answered 503 at shutdown", left)
     serving.worker.stop()
     metrics.process_exit()
 
@@ -216,6 +228,25 @@ async def start_grpc(app: FastAPI, settings: Settings, serving: Serving) -> None
         app.state, app.version, settings.host, settings.grpc_port
     )
     serving.grace_s = settings.drain_timeout_s
+
+
+async def start_native(
+    app: FastAPI, settings: Settings, metrics: Metrics, serving: Serving
+) -> None:
+    """The native front end (:mod:`bayesgate.service.native_bridge`) when ``native_port`` is
+    set; its port in ``app.state.native_port``."""
+    if settings.native_port is None:
+        return
+    from bayesgate.service.native_bridge import NativeCollector, start_native_front
+
+    try:
+        bridge = await asyncio.to_thread(start_native_front, app.state.worker, settings)
+    except (OSError, ValueError) as exc:  # NativeUnavailable is a ValueError
+        raise StartupError(f"BAYESGATE_NATIVE_PORT: {exc}") from None
+    serving.native, app.state.native, app.state.native_port = bridge, bridge, bridge.port
+    serving.native_collector = NativeCollector(bridge.front)
+    serving.native_grace_s = settings.drain_timeout_s
+    metrics.add_collector(serving.native_collector)
 
 
 @contextlib.contextmanager
@@ -262,6 +293,7 @@ def make_lifespan(settings: Settings, metrics: Metrics) -> Callable[[FastAPI], A
         serving = go_ready(state, settings, metrics, worker, control)
         try:
             await start_grpc(app, settings, serving)
+            await start_native(app, settings, metrics, serving)
             yield
         finally:
             await shut_down(state, metrics, serving)

@@ -41,6 +41,7 @@ FLAGS = {
     "host": "--host",
     "port": "--port",
     "grpc_port": "--grpc-port",
+    "native_port": "--native-port",
     "workers": "--workers",
     "model_dir": "--model-dir",
     "device": "--device",
@@ -71,6 +72,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help=f"also serve KServe v2 gRPC on this port (default {ENV_PREFIX}GRPC_PORT or off; "
         "needs bayesgate[grpc])",
+    )
+    p.add_argument(
+        "--native-port",
+        type=int,
+        default=None,
+        help=f"also serve HTTP on this port through the native front end: /v2 binary infer "
+        f"without Python per request, the rest relayed (default {ENV_PREFIX}NATIVE_PORT or off; "
+        "builds its library with cargo on first use, see `bayesgate build-native`)",
     )
     p.add_argument(
         "--workers", type=int, default=None, help=f"processes (default {ENV_PREFIX}WORKERS or 1)"
@@ -111,6 +120,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="with --ray --address: deploy, leave the application running and return",
     )
     p.set_defaults(func=cmd_serve)
+    b = sub.add_parser(
+        "build-native",
+        help="build the native front end's library (Rust, cargo) for serve --native-port",
+        description="Build service/native_front (a Rust crate without dependencies: offline) "
+        "with cargo into the user cache, $XDG_CACHE_HOME/bayesgate/native/<digest>/, and print "
+        "the library's path. `serve --native-port` builds it too when it is missing.",
+    )
+    b.add_argument(
+        "--force", action="store_true", help="build again even when this digest is built"
+    )
+    b.set_defaults(func=cmd_build_native)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -129,6 +149,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "host": args.host,
         "port": args.port,
         "grpc_port": args.grpc_port,
+        "native_port": args.native_port,
         "workers": args.workers,
         "model_dir": args.model_dir,
         "device": args.device,
@@ -145,6 +166,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise InvalidArgument(
             "--workers does not apply with --ray: set BAYESGATE_RAY_NUM_REPLICAS instead"
         )
+    if args.ray and settings.native_port is not None:
+        raise InvalidArgument("--native-port does not apply with --ray")
     if settings.grpc_port is not None:
         check_grpc_installed(ENV_PREFIX + "GRPC_PORT" if args.grpc_port is None else "--grpc-port")
     if args.model_dir is not None and not settings.model_dir.is_dir():
@@ -155,6 +178,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
             check_listen(settings.host, settings.port, "--host/--port")
             if settings.grpc_port is not None:
                 check_listen(settings.host, settings.grpc_port, "--grpc-port")
+            if settings.native_port is not None:
+                check_listen(settings.host, settings.native_port, "--native-port")
+                ensure_native_library(
+                    settings.native_library,
+                    "--native-port" if args.native_port is not None else ENV_PREFIX + "NATIVE_PORT",
+                )
         pick_device(settings.device)
         load_served_model(settings.model_dir, "cpu")  # fail fast, before uvicorn starts
     except (StartupError, RuntimeError) as exc:
@@ -197,6 +226,35 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         if own_runtime_dir is not None:
             shutil.rmtree(own_runtime_dir, ignore_errors=True)
+    return 0
+
+
+def ensure_native_library(given: Path | None, source: str) -> None:
+    """The native front end's library (``given``, else built now when missing, with one line on
+    stdout); a missing ``cargo`` or a failed build is one line naming ``source``."""
+    from bayesgate.service.native_build import NativeUnavailable, cached_library, library_path
+
+    try:
+        if given is None and not cached_library().is_file():
+            print("bayesgate: building the native front end (once; a few seconds)…", flush=True)
+        library_path(given, build=True)
+    except NativeUnavailable as exc:
+        raise InvalidArgument(f"{source}: {exc}") from None
+
+
+def cmd_build_native(args: argparse.Namespace) -> int:
+    from bayesgate.service.native import load_library
+    from bayesgate.service.native_build import build_library, cached_library
+
+    path = cached_library()
+    if args.force or not path.is_file():
+        print("building the native front end with cargo…", file=sys.stderr, flush=True)
+        path = build_library(quiet=False)
+    try:
+        load_library(path)  # the ABI this package needs
+    except OSError as exc:
+        raise InvalidArgument(f"{path}: {exc}") from None
+    print(path)
     return 0
 
 

@@ -37,6 +37,7 @@ start). Without it, metrics are those of the one process.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -87,6 +88,7 @@ class Metrics:
         self._define_inference_metrics(self._registry)
         self._define_model_metrics(self._registry)
         self._model_labels: tuple[str, str, str] | None = None
+        self._collectors: list[Any] = []  # e.g. the native front end's (read at each scrape)
         for outcome in OUTCOMES:  # exported at 0 from the start
             self.inference_requests.labels(outcome)
         for reason in DROP_REASONS:
@@ -214,6 +216,18 @@ class Metrics:
         if self.directory:
             multiprocess.mark_process_dead(os.getpid(), self.directory)
 
+    def add_collector(self, collector: Any) -> None:
+        """A collector of this process's own values (``collect()`` yields metric families),
+        exported with the rest from now on."""
+        self._collectors.append(collector)
+        if self._registry is not None:
+            self._registry.register(collector)
+
+    def remove_collector(self, collector: Any) -> None:
+        self._collectors.remove(collector)
+        if self._registry is not None:
+            self._registry.unregister(collector)
+
     # --- exposition -----------------------------------------------------------------------------
 
     def exposition(self) -> tuple[bytes, str]:
@@ -221,6 +235,8 @@ class Metrics:
         if self.directory:
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry, path=self.directory)
+            for collector in self._collectors:  # this process's own
+                registry.register(collector)
         else:
             assert self._registry is not None
             registry = self._registry

@@ -146,6 +146,23 @@ class Settings(BaseSettings):
         description="serve the Open Inference Protocol over gRPC on this port too (e.g. 8001; "
         "needs bayesgate[grpc]); unset: HTTP only",
     )
+    native_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="also serve HTTP on this port through the native front end (e.g. 8002): "
+        "/v2 binary infer requests are answered without Python per request, everything else is "
+        "relayed to the main port; needs its library (`bayesgate build-native`, Rust's cargo). "
+        "One worker process only; unset: off",
+    )
+    native_library: Path | None = Field(
+        None,
+        description="the native front end's library built elsewhere (the Docker image sets it); "
+        "unset: the user cache's build of the installed sources (`bayesgate build-native`)",
+    )
+    native_max_connections: int = Field(
+        1024, ge=1, description="most open connections on the native port (503 beyond)"
+    )
 
     @field_validator("model_dir")
     @classmethod
@@ -166,6 +183,27 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"{ENV_PREFIX}DEFAULT_MC_SAMPLES ({self.default_mc_samples}) exceeds "
                 f"{ENV_PREFIX}MAX_MC_SAMPLES ({self.max_mc_samples})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_native(self) -> Settings:
+        if self.native_port is None:
+            return self
+        if self.workers > 1:
+            raise ValueError(
+                f"{ENV_PREFIX}NATIVE_PORT serves one process: it cannot be combined with "
+                f"{ENV_PREFIX}WORKERS={self.workers} (run one process per port instead)"
+            )
+        if self.native_port != 0 and self.native_port in (self.port, self.grpc_port):
+            raise ValueError(
+                f"{ENV_PREFIX}NATIVE_PORT ({self.native_port}) must differ from "
+                f"{ENV_PREFIX}PORT and {ENV_PREFIX}GRPC_PORT"
+            )
+        if self.port == 0:
+            raise ValueError(
+                f"{ENV_PREFIX}NATIVE_PORT needs a fixed {ENV_PREFIX}PORT (the native front end "
+                "relays to it), not 0"
             )
         return self
 

@@ -67,6 +67,11 @@ def test_wheel_holds_every_source_file_the_bundled_model_and_the_page(wheel: Pat
     assert {"index.html", "app.js", "style.css", "digits.png", "digits.json"} <= set(static)
     for name in static:  # the demo page and its test digits (package data)
         assert f"bayesgate/service/static/{name}" in names
+    crate = REPO_ROOT / "service" / "native_front"  # the native front end's Rust sources
+    sources = [p for p in crate.rglob("*") if p.is_file() and "target" not in p.parts]
+    assert {"Cargo.toml", "Cargo.lock", "lib.rs", "ffi.rs"} <= {p.name for p in sources}
+    for path in sources:
+        assert f"bayesgate/service/native_front/{path.relative_to(crate).as_posix()}" in names
 
 
 def test_installed_wheel_imports_as_bayesgate_only(wheel: Path, tmp_path: Path) -> None:

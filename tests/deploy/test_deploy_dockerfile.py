@@ -139,7 +139,15 @@ def test_final_stage_has_no_build_tools_or_caches(dockerfile: Dockerfile) -> Non
         for part in inst.args.split()
         if part.startswith("--from=")
     }
-    assert copied_stages == {"venv"}
+    assert copied_stages == {"venv", "native"}
+    # from the native front end's build stage, only its library, where the image's setting says
+    (native,) = [i.args for i in dockerfile.final.all("COPY") if "--from=native" in i.args]
+    assert native.split()[1:] == [
+        "/out/libbgfront.so",
+        dockerfile.env()["BAYESGATE_NATIVE_LIBRARY"],
+    ]
+    (build,) = [r.args for r in dockerfile.stage("native").all("RUN")]
+    assert "cargo build --release --offline" in build  # no crates: no registry access
     assert "pip uninstall -y pip" in dockerfile.stage("venv").all("RUN")[-1].args
     for stage in dockerfile.stages:
         for run in stage.all("RUN"):

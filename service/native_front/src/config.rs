@@ -1,4 +1,5 @@
-//! The configuration JSON given by Python to `bgf_start`.
+//! The configuration JSON given by Python to `bgf_start` (and, replacing the per-request part,
+//! to `bgf_configure`).
 
 use crate::json::{self, ParseOptions, Value};
 use std::time::Duration;
@@ -23,9 +24,22 @@ impl OutputSpec {
     }
 }
 
+/// How access-log lines are written (see `access_log`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccessLogFormat {
+    /// One JSON object per line (the service's `JsonFormatter` shape).
+    Json,
+    /// `INFO:     <message>` (uvicorn's text shape).
+    Text,
+    /// No access log.
+    Off,
+}
+
 /// The front end's settings.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// 0 for the start configuration, +1 for each successful `bgf_configure`.
+    pub generation: u64,
     /// Public listen host.
     pub host: String,
     /// Public listen port (0 = ephemeral).
@@ -62,6 +76,16 @@ pub struct Config {
     pub timeout_body: String,
     /// `/v2/models/<model_name>/infer`
     pub infer_path: String,
+    /// Most open client connections (start value only).
+    pub max_connections: usize,
+    /// Body of the native 503 for a connection over `max_connections`.
+    pub busy_body: String,
+    /// Access-log format.
+    pub access_log: AccessLogFormat,
+    /// The Python process id (written into JSON access-log lines).
+    pub pid: u64,
+    /// Upper bounds (seconds, strictly ascending) of the latency histogram (start value only).
+    pub latency_buckets: Vec<f64>,
 }
 
 /// Itemsize of an OIP datatype the front end can slice.
@@ -91,15 +115,79 @@ fn uint(root: &Value<'_>, key: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("config: {key:?} must be a non-negative integer"))
 }
 
+/// The settings fixed at start: taken from the start configuration, ignored by `bgf_configure`.
+struct StartOnly {
+    host: String,
+    port: u16,
+    upstream: String,
+    max_connections: usize,
+    latency_buckets: Vec<f64>,
+}
+
+impl StartOnly {
+    fn parse(root: &Value<'_>) -> Result<StartOnly, String> {
+        let port = uint(root, "port")?;
+        let port = u16::try_from(port).map_err(|_| "config: \"port\" out of range".to_string())?;
+        let max_connections = usize::try_from(uint(root, "max_connections")?)
+            .ok()
+            .filter(|&m| m >= 1)
+            .ok_or("config: \"max_connections\" must be at least 1")?;
+        let buckets = field(root, "latency_buckets")?
+            .as_array()
+            .ok_or("config: \"latency_buckets\" must be an array")?;
+        let latency_buckets: Vec<f64> = buckets
+            .iter()
+            .map(|v| {
+                v.as_f64()
+                    .filter(|b| b.is_finite())
+                    .ok_or("config: latency_buckets entries must be finite numbers")
+            })
+            .collect::<Result<_, _>>()?;
+        if latency_buckets.is_empty() || latency_buckets.windows(2).any(|w| w[0] >= w[1]) {
+            return Err("config: \"latency_buckets\" must be non-empty and strictly ascending".into());
+        }
+        Ok(StartOnly {
+            host: string(root, "host")?,
+            port,
+            upstream: string(root, "upstream")?,
+            max_connections,
+            latency_buckets,
+        })
+    }
+
+    fn of(cfg: &Config) -> StartOnly {
+        StartOnly {
+            host: cfg.host.clone(),
+            port: cfg.port,
+            upstream: cfg.upstream.clone(),
+            max_connections: cfg.max_connections,
+            latency_buckets: cfg.latency_buckets.clone(),
+        }
+    }
+}
+
 impl Config {
-    /// Parse and check the configuration text.
+    /// Parse and check the start configuration text (generation 0).
     pub fn parse(text: &[u8]) -> Result<Config, String> {
+        Config::parse_inner(text, None)
+    }
+
+    /// Parse a `bgf_configure` text against the running configuration `current`: `host`,
+    /// `port`, `upstream`, `max_connections` and `latency_buckets` are ignored (they may be
+    /// absent) and keep `current`'s values; the generation is `current`'s + 1.
+    pub fn parse_update(text: &[u8], current: &Config) -> Result<Config, String> {
+        Config::parse_inner(text, Some(current))
+    }
+
+    fn parse_inner(text: &[u8], current: Option<&Config>) -> Result<Config, String> {
         let root = json::parse(text, ParseOptions::LENIENT).map_err(|e| format!("config: not JSON ({e:?})"))?;
         if root.as_object().is_none() {
             return Err("config: expected an object".into());
         }
-        let port = uint(&root, "port")?;
-        let port = u16::try_from(port).map_err(|_| "config: \"port\" out of range".to_string())?;
+        let fixed = match current {
+            None => StartOnly::parse(&root)?,
+            Some(c) => StartOnly::of(c),
+        };
         let input_shape: Vec<u64> = field(&root, "input_shape")?
             .as_array()
             .ok_or("config: \"input_shape\" must be an array")?
@@ -167,10 +255,26 @@ impl Config {
         if max_batch == 0 {
             return Err("config: max_batch must be positive".into());
         }
+        let access_log = match string(&root, "access_log")?.as_str() {
+            "json" => AccessLogFormat::Json,
+            "text" => AccessLogFormat::Text,
+            "off" => AccessLogFormat::Off,
+            other => {
+                return Err(format!(
+                    "config: \"access_log\" must be json, text or off, not {other:?}"
+                ))
+            }
+        };
         let cfg = Config {
-            host: string(&root, "host")?,
-            port,
-            upstream: string(&root, "upstream")?,
+            generation: current.map_or(0, |c| c.generation + 1),
+            host: fixed.host,
+            port: fixed.port,
+            upstream: fixed.upstream,
+            max_connections: fixed.max_connections,
+            latency_buckets: fixed.latency_buckets,
+            busy_body: string(&root, "busy_body")?,
+            access_log,
+            pid: uint(&root, "pid")?,
             infer_path: format!("/v2/models/{model_name}/infer"),
             model_name,
             input_name: string(&root, "input_name")?,
@@ -206,7 +310,9 @@ pub(crate) mod tests {
                        {{"name":"score","datatype":"FP64","elements":1}},
                        {{"name":"flagged","datatype":"BOOL","elements":1}}],
             "max_batch":6,"queue_limit":20,"request_timeout_ms":2000,
-            "queue_full_body":"{{\"error\":\"queue full\"}}","timeout_body":"{{\"error\":\"timed out\"}}"}}"#
+            "queue_full_body":"{{\"error\":\"queue full\"}}","timeout_body":"{{\"error\":\"timed out\"}}",
+            "max_connections":64,"busy_body":"{{\"error\":\"busy\"}}","access_log":"off","pid":4242,
+            "latency_buckets":[0.005,0.05,0.5,5]}}"#
         )
     }
 
@@ -222,6 +328,58 @@ pub(crate) mod tests {
         assert_eq!(c.outputs[1].itemsize, 8);
         assert_eq!(c.queue_full_body, "{\"error\":\"queue full\"}");
         assert_eq!(c.infer_path, "/v2/models/m/infer");
+        assert_eq!(c.generation, 0);
+        assert_eq!(c.max_connections, 64);
+        assert_eq!(c.busy_body, "{\"error\":\"busy\"}");
+        assert_eq!(c.access_log, AccessLogFormat::Off);
+        assert_eq!(c.pid, 4242);
+        assert_eq!(c.latency_buckets, vec![0.005, 0.05, 0.5, 5.0]);
+    }
+
+    #[test]
+    fn new_keys_are_checked() {
+        let base = test_config_text(0, "x");
+        for (from, to) in [
+            ("\"max_connections\":64", "\"max_connections\":0"),
+            ("\"max_connections\":64,", ""),
+            ("\"busy_body\":\"{\\\"error\\\":\\\"busy\\\"}\",", ""),
+            ("\"access_log\":\"off\"", "\"access_log\":\"yes\""),
+            ("\"pid\":4242", "\"pid\":-1"),
+            ("[0.005,0.05,0.5,5]", "[]"),
+            ("[0.005,0.05,0.5,5]", "[0.05,0.005]"),
+            ("[0.005,0.05,0.5,5]", "[0.5,0.5]"),
+            ("[0.005,0.05,0.5,5]", "0.5"),
+        ] {
+            let t = base.replacen(from, to, 1);
+            assert_ne!(t, base, "{from}");
+            assert!(Config::parse(t.as_bytes()).is_err(), "{to}");
+        }
+        let t = base.replace("\"access_log\":\"off\"", "\"access_log\":\"text\"");
+        assert_eq!(Config::parse(t.as_bytes()).unwrap().access_log, AccessLogFormat::Text);
+    }
+
+    #[test]
+    fn an_update_keeps_the_start_only_settings() {
+        let start = Config::parse(test_config_text(8080, "127.0.0.1:9").as_bytes()).unwrap();
+        // start-only keys may be absent or anything
+        let text = test_config_text(1, "other:1")
+            .replace("\"host\":\"127.0.0.1\",", "")
+            .replace("\"max_connections\":64", "\"max_connections\":\"x\"")
+            .replace("[0.005,0.05,0.5,5]", "[]")
+            .replace("\"model_name\":\"m\"", "\"model_name\":\"m2\"")
+            .replace("\"access_log\":\"off\"", "\"access_log\":\"json\"");
+        let next = Config::parse_update(text.as_bytes(), &start).unwrap();
+        assert_eq!(next.generation, 1);
+        assert_eq!((next.host.as_str(), next.port), ("127.0.0.1", 8080));
+        assert_eq!(next.upstream, "127.0.0.1:9");
+        assert_eq!(next.max_connections, 64);
+        assert_eq!(next.latency_buckets, start.latency_buckets);
+        assert_eq!(next.infer_path, "/v2/models/m2/infer");
+        assert_eq!(next.access_log, AccessLogFormat::Json);
+        assert_eq!(Config::parse_update(text.as_bytes(), &next).unwrap().generation, 2);
+        // the per-request keys are still required
+        let bad = text.replace("\"pid\":4242,", "");
+        assert!(Config::parse_update(bad.as_bytes(), &start).is_err());
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 use crate::config::Config;
 use crate::server::Server;
+use crate::stats::COUNTERS;
 use std::ffi::{c_char, c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
@@ -36,6 +37,15 @@ unsafe fn bytes<'a>(ptr: *const u8, len: usize) -> &'a [u8] {
 /// `h` is NULL or a handle from [`bgf_start`] not yet given to [`bgf_free`].
 unsafe fn server<'a>(h: *mut c_void) -> Option<&'a Server> {
     h.cast::<Server>().as_ref()
+}
+
+/// The ABI version of this library (2).
+pub const ABI_VERSION: u32 = 2;
+
+/// The ABI version: 2.
+#[no_mangle]
+pub extern "C" fn bgf_abi_version() -> u32 {
+    ABI_VERSION
 }
 
 /// Parse the config JSON, bind, start the acceptor. NULL (and a reason in `err`) on failure.
@@ -78,12 +88,14 @@ pub unsafe extern "C" fn bgf_port(h: *mut c_void) -> u16 {
 }
 
 /// Wait up to `timeout_ms` for one batch; copy its images; return the image count (0 on
-/// timeout, when stopping, or on bad arguments).
+/// timeout, when stopping, or on bad arguments). `*generation` = the configuration generation
+/// of the batch's jobs, `*requests` = the jobs in it.
 ///
 /// # Safety
-/// `images` has room for `capacity_images × prod(input_shape)` floats; the out pointers are
-/// writable (or NULL).
+/// `images` has room for `capacity_images × prod(input_shape)` floats of the configuration
+/// current at the call; the out pointers are writable (or NULL).
 #[no_mangle]
+#[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn bgf_next_batch(
     h: *mut c_void,
     images: *mut f32,
@@ -92,28 +104,31 @@ pub unsafe extern "C" fn bgf_next_batch(
     batch_id: *mut u64,
     k: *mut u32,
     seed: *mut i64,
+    generation: *mut u64,
+    requests: *mut u32,
 ) -> usize {
     let Some(s) = server(h) else { return 0 };
     if images.is_null() || capacity_images == 0 {
         return 0;
     }
-    let image_len = s.shared.cfg.image_len;
-    let Some(floats) = capacity_images.checked_mul(image_len) else {
-        return 0;
-    };
-    let out = std::slice::from_raw_parts_mut(images, floats);
     let got = catch_unwind(AssertUnwindSafe(|| {
-        s.shared
-            .queue
-            .next_batch(out, capacity_images, Duration::from_millis(timeout_ms as u64))
+        let image_len = s.shared.config().image_len;
+        let floats = capacity_images.checked_mul(image_len)?;
+        // SAFETY: the caller gives room for `capacity_images` images of the current configuration.
+        let out = std::slice::from_raw_parts_mut(images, floats);
+        s.shared.queue.next_batch(out, Duration::from_millis(timeout_ms as u64))
     }));
     match got {
         Ok(Some(b)) => {
-            if !batch_id.is_null() {
-                *batch_id = b.id;
+            for (ptr, v) in [(batch_id, b.id), (generation, b.generation)] {
+                if !ptr.is_null() {
+                    *ptr = v;
+                }
             }
-            if !k.is_null() {
-                *k = b.k;
+            for (ptr, v) in [(k, b.k), (requests, b.requests)] {
+                if !ptr.is_null() {
+                    *ptr = v;
+                }
             }
             if !seed.is_null() {
                 *seed = b.seed;
@@ -148,21 +163,95 @@ pub unsafe extern "C" fn bgf_complete(
     .unwrap_or(-1)
 }
 
-/// Counters: fast_requests, fast_images, relayed_requests, rejected_503, timed_out_504,
-/// batches, connections_accepted, bad_requests_400_native (the first `min(n, 8)`).
+/// Counters (see README.md for the order): fills the first `min(n, 16)` and returns 16
+/// (0 for a NULL handle).
 ///
 /// # Safety
-/// `out` has room for `n` u64 values.
+/// `out` has room for `n` u64 values (or is NULL).
 #[no_mangle]
-pub unsafe extern "C" fn bgf_stats(h: *mut c_void, out: *mut u64, n: usize) {
-    let Some(s) = server(h) else { return };
-    if out.is_null() {
-        return;
+pub unsafe extern "C" fn bgf_stats(h: *mut c_void, out: *mut u64, n: usize) -> usize {
+    let Some(s) = server(h) else { return 0 };
+    let snap = catch_unwind(AssertUnwindSafe(|| s.shared.stats.snapshot())).unwrap_or_default();
+    if !out.is_null() {
+        for (i, v) in snap.iter().take(n).enumerate() {
+            *out.add(i) = *v;
+        }
     }
-    let snap = s.shared.stats.snapshot();
-    for (i, v) in snap.iter().take(n).enumerate() {
-        *out.add(i) = *v;
+    COUNTERS
+}
+
+/// The latency histogram: fills the first `min(n, buckets)` non-cumulative counts and returns
+/// the number of buckets (`len(latency_buckets) + 1`, +Inf last; 0 for a NULL handle).
+///
+/// # Safety
+/// `out` has room for `n` u64 values (or is NULL).
+#[no_mangle]
+pub unsafe extern "C" fn bgf_latency_buckets(h: *mut c_void, out: *mut u64, n: usize) -> usize {
+    let Some(s) = server(h) else { return 0 };
+    let Ok(counts) = catch_unwind(AssertUnwindSafe(|| s.shared.latency.snapshot())) else {
+        return 0;
+    };
+    if !out.is_null() {
+        for (i, v) in counts.iter().take(n).enumerate() {
+            *out.add(i) = *v;
+        }
     }
+    counts.len()
+}
+
+/// Make `config` (the `bgf_start` schema; `host`, `port`, `upstream`, `max_connections` and
+/// `latency_buckets` ignored) the configuration of every request classified from now on, as
+/// the next generation. 0, or -1 with a NUL-terminated reason in `err`.
+///
+/// # Safety
+/// `h` is NULL or a live handle; `config` points to `config_len` bytes; `err` to `err_cap`
+/// writable bytes (or is NULL).
+#[no_mangle]
+pub unsafe extern "C" fn bgf_configure(
+    h: *mut c_void,
+    config: *const c_char,
+    config_len: usize,
+    err: *mut c_char,
+    err_cap: usize,
+) -> c_int {
+    let Some(s) = server(h) else {
+        write_err(err, err_cap, "no front end (NULL handle)");
+        return -1;
+    };
+    let text = bytes(config.cast(), config_len);
+    match catch_unwind(AssertUnwindSafe(|| s.shared.configure(text))) {
+        Ok(Ok(_)) => 0,
+        Ok(Err(msg)) => {
+            write_err(err, err_cap, &msg);
+            -1
+        }
+        Err(_) => {
+            write_err(err, err_cap, "panic while configuring the native front end");
+            -1
+        }
+    }
+}
+
+/// Drain: close the listener, close idle connections, answer the rest with
+/// `connection: close`; queued jobs and `bgf_next_batch` keep working. Idempotent.
+///
+/// # Safety
+/// `h` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn bgf_drain(h: *mut c_void) {
+    if let Some(s) = server(h) {
+        let _ = catch_unwind(AssertUnwindSafe(|| s.drain()));
+    }
+}
+
+/// Fast-path requests not yet answered plus relayed requests in progress (0 for NULL).
+///
+/// # Safety
+/// `h` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn bgf_pending(h: *mut c_void) -> usize {
+    let Some(s) = server(h) else { return 0 };
+    catch_unwind(AssertUnwindSafe(|| s.shared.stats.pending() as usize)).unwrap_or(0)
 }
 
 /// Stop accepting, answer queued jobs 503, wake `bgf_next_batch` (returns 0 from now on),

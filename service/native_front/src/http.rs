@@ -276,6 +276,27 @@ pub fn json_response(status: u16, body: &[u8], request_id: &str, close: bool) ->
     out
 }
 
+/// A complete response built here with `connection: close` added to its head (unchanged when
+/// it has one). Used for answers written once the drain began.
+pub fn add_close(bytes: Vec<u8>) -> Vec<u8> {
+    const CLOSE: &[u8] = b"connection: close\r\n";
+    let Some(end) = find_head_end(&bytes, 0) else {
+        return bytes;
+    };
+    let head = &bytes[..end];
+    if head
+        .windows(CLOSE.len() + 2)
+        .any(|w| w[..2] == *b"\r\n" && w[2..] == *CLOSE)
+    {
+        return bytes;
+    }
+    let mut out = Vec::with_capacity(bytes.len() + CLOSE.len());
+    out.extend_from_slice(&bytes[..end - 2]);
+    out.extend_from_slice(CLOSE);
+    out.extend_from_slice(&bytes[end - 2..]);
+    out
+}
+
 /// The head of a fast-path 200 (`body_len` bytes follow, the first `header_len` of them JSON).
 pub fn binary_ok_head(out: &mut Vec<u8>, header_len: usize, body_len: usize, request_id: &str, close: bool) {
     use std::io::Write;
@@ -328,6 +349,21 @@ mod tests {
             head("POST /x HTTP/1.1\r\nTransfer-Encoding: Chunked\r\nConnection: keep-alive, Close\r\n\r\n").unwrap();
         assert_eq!(h.framing(), Ok(Framing::Chunked));
         assert!(h.wants_close());
+    }
+
+    #[test]
+    fn close_is_added_once() {
+        let open = json_response(503, b"{}", "id", false);
+        let closed = json_response(503, b"{}", "id", true);
+        assert_eq!(add_close(open), closed);
+        assert_eq!(add_close(closed.clone()), closed);
+        let mut ok = Vec::new();
+        binary_ok_head(&mut ok, 2, 5, "id", false);
+        ok.extend_from_slice(b"{}\r\n\r\nx"); // body bytes that look like a head end
+        let mut expected = Vec::new();
+        binary_ok_head(&mut expected, 2, 5, "id", true);
+        expected.extend_from_slice(b"{}\r\n\r\nx");
+        assert_eq!(add_close(ok), expected);
     }
 
     #[test]

@@ -5,14 +5,21 @@
 //! extension itself — parse ([`http`], [`json`]), validate ([`fast_path`]), queue and batch
 //! ([`batch_queue`]), encode ([`response`]) and write ([`server`]) — and calls into Python once
 //! per batch ([`ffi`]: `bgf_next_batch` / `bgf_complete`). Every other request is relayed byte
-//! for byte to the unchanged Python HTTP service ([`relay`]).
+//! for byte to the unchanged Python HTTP service ([`relay`]). It limits open connections,
+//! takes new configurations as generations ([`config`], `bgf_configure`), drops jobs whose
+//! client left ([`peer`]), drains gracefully (`bgf_drain` / `bgf_pending`), and logs
+//! ([`access_log`], [`clock`]) and times ([`histogram`], [`stats`]) what it answers itself.
 
+pub mod access_log;
 pub mod batch_queue;
+pub mod clock;
 pub mod config;
 pub mod fast_path;
 pub mod ffi;
+pub mod histogram;
 pub mod http;
 pub mod json;
+pub mod peer;
 pub mod relay;
 pub mod request_id;
 pub mod response;
@@ -21,3 +28,5 @@ pub mod stats;
 
 #[cfg(test)]
 mod roundtrip_tests;
+#[cfg(test)]
+mod roundtrip_v2_tests;

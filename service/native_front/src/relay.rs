@@ -108,10 +108,26 @@ pub fn upstream_head(head: &Head) -> Vec<u8> {
 pub enum RelayOutcome {
     /// The upstream response was forwarded (`bytes` of it).
     Forwarded(u64),
-    /// Upstream unreachable: a native 502 was sent.
-    UpstreamDown,
+    /// Upstream unreachable: a native 502 was sent (`sent` bytes of it written, 0 when the
+    /// write failed).
+    UpstreamDown {
+        /// Bytes of the 502 written.
+        sent: usize,
+    },
     /// The chunked body was malformed and nothing came back: a native 400 was sent.
-    BadChunked,
+    BadChunked {
+        /// Bytes of the 400 written.
+        sent: usize,
+    },
+}
+
+/// Write a native answer; the bytes written (0 when the write failed).
+fn write_native(client: &mut TcpStream, bytes: &[u8]) -> usize {
+    if client.write_all(bytes).is_ok() {
+        bytes.len()
+    } else {
+        0
+    }
 }
 
 /// Relay one request. `buffered` holds the bytes already read after the head (the start of
@@ -127,13 +143,11 @@ pub fn relay(
     let mut up = match connect(upstream) {
         Ok(s) => s,
         Err(_) => {
-            let _ = client.write_all(&http::json_response(
-                502,
-                UPSTREAM_DOWN_BODY.as_bytes(),
-                request_id,
-                true,
-            ));
-            return RelayOutcome::UpstreamDown;
+            let sent = write_native(
+                client,
+                &http::json_response(502, UPSTREAM_DOWN_BODY.as_bytes(), request_id, true),
+            );
+            return RelayOutcome::UpstreamDown { sent };
         }
     };
     let _ = up.set_nodelay(true);
@@ -201,13 +215,11 @@ pub fn relay(
     }
     let forwarded = copier.map(|c| c.join().unwrap_or(0)).unwrap_or(0);
     if malformed && forwarded == 0 {
-        let _ = client.write_all(&http::json_response(
-            400,
-            http::BAD_REQUEST_BODY.as_bytes(),
-            request_id,
-            true,
-        ));
-        return RelayOutcome::BadChunked;
+        let sent = write_native(
+            client,
+            &http::json_response(400, http::BAD_REQUEST_BODY.as_bytes(), request_id, true),
+        );
+        return RelayOutcome::BadChunked { sent };
     }
     RelayOutcome::Forwarded(forwarded)
 }

@@ -14,56 +14,106 @@ use std::time::{Duration, Instant};
 
 /// A handle that may cross threads in tests.
 #[derive(Clone, Copy)]
-struct H(*mut c_void);
+pub(crate) struct H(pub(crate) *mut c_void);
 unsafe impl Send for H {}
 unsafe impl Sync for H {}
 
-fn start(config: &str) -> H {
+pub(crate) fn start(config: &str) -> H {
     let mut err = [0u8; 256];
     let h = unsafe { bgf_start(config.as_ptr().cast(), config.len(), err.as_mut_ptr().cast(), err.len()) };
     assert!(!h.is_null(), "{}", String::from_utf8_lossy(&err));
     H(h)
 }
 
-const PREFIX_START: &str = r#"{"model_name":"m","parameters":{"mc_samples":"#;
+/// What `bgf_next_batch` gave.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Batch {
+    pub n: usize,
+    pub id: u64,
+    pub k: u32,
+    pub seed: i64,
+    pub generation: u64,
+    pub requests: u32,
+}
+
+pub(crate) fn next_batch(h: H, images: &mut [f32], capacity: usize, timeout_ms: u32) -> Batch {
+    let mut b = Batch::default();
+    b.n = unsafe {
+        bgf_next_batch(
+            h.0,
+            images.as_mut_ptr(),
+            capacity,
+            timeout_ms,
+            &mut b.id,
+            &mut b.k,
+            &mut b.seed,
+            &mut b.generation,
+            &mut b.requests,
+        )
+    };
+    b
+}
+
+pub(crate) const PREFIX_START: &str = r#"{"model_name":"m","parameters":{"mc_samples":"#;
 
 /// Fake Python: each image's outputs derive from its first pixel v:
 /// probabilities [v, v+1, v+2] (FP32), label (v*100) as INT64, score v*2 (FP64), flagged v > 0.5.
-fn fake_python(h: H, stop: Arc<AtomicBool>, batches: Arc<Mutex<Vec<(usize, u32, i64)>>>) -> thread::JoinHandle<()> {
+pub(crate) fn fake_python(
+    h: H,
+    stop: Arc<AtomicBool>,
+    batches: Arc<Mutex<Vec<(usize, u32, i64)>>>,
+) -> thread::JoinHandle<()> {
     thread::spawn(move || {
         let h = h; // capture the whole Send wrapper, not its raw field
         let mut images = vec![0f32; 64 * 4];
         while !stop.load(Ordering::SeqCst) {
-            let (mut id, mut k, mut seed) = (0u64, 0u32, 0i64);
-            let n = unsafe { bgf_next_batch(h.0, images.as_mut_ptr(), 64, 50, &mut id, &mut k, &mut seed) };
+            let (mut id, mut k, mut seed, mut generation, mut requests) = (0u64, 0u32, 0i64, 0u64, 0u32);
+            let n = unsafe {
+                bgf_next_batch(
+                    h.0,
+                    images.as_mut_ptr(),
+                    64,
+                    50,
+                    &mut id,
+                    &mut k,
+                    &mut seed,
+                    &mut generation,
+                    &mut requests,
+                )
+            };
             if n == 0 {
                 continue;
             }
             batches.lock().unwrap().push((n, k, seed));
-            let firsts: Vec<f32> = (0..n).map(|i| images[i * 4]).collect();
-            let mut data = Vec::new();
-            for v in &firsts {
-                for j in 0..3 {
-                    data.extend_from_slice(&(v + j as f32).to_le_bytes());
-                }
-            }
-            for v in &firsts {
-                data.extend_from_slice(&((v * 100.0) as i64).to_le_bytes());
-            }
-            for v in &firsts {
-                data.extend_from_slice(&((*v as f64) * 2.0).to_le_bytes());
-            }
-            for v in &firsts {
-                data.push((*v > 0.5) as u8);
-            }
-            let prefix = format!("{PREFIX_START}{k}}},\"outputs\":[");
+            let (prefix, data) = python_outputs(&images, n, k);
             let rc = unsafe { bgf_complete(h.0, id, 200, prefix.as_ptr(), prefix.len(), data.as_ptr(), data.len()) };
             assert_eq!(rc, 0);
         }
     })
 }
 
-fn infer_request(n: usize, value: f32, rest: &str, extra_head: &str) -> Vec<u8> {
+/// The fake Python's answer for a batch of `n` images of 4 floats (generation 0's table).
+pub(crate) fn python_outputs(images: &[f32], n: usize, k: u32) -> (String, Vec<u8>) {
+    let firsts: Vec<f32> = (0..n).map(|i| images[i * 4]).collect();
+    let mut data = Vec::new();
+    for v in &firsts {
+        for j in 0..3 {
+            data.extend_from_slice(&(v + j as f32).to_le_bytes());
+        }
+    }
+    for v in &firsts {
+        data.extend_from_slice(&((v * 100.0) as i64).to_le_bytes());
+    }
+    for v in &firsts {
+        data.extend_from_slice(&((*v as f64) * 2.0).to_le_bytes());
+    }
+    for v in &firsts {
+        data.push((*v > 0.5) as u8);
+    }
+    (format!("{PREFIX_START}{k}}},\"outputs\":["), data)
+}
+
+pub(crate) fn infer_request(n: usize, value: f32, rest: &str, extra_head: &str) -> Vec<u8> {
     let header = header_json(n, rest);
     let mut body = header.as_bytes().to_vec();
     for _ in 0..n * 4 {
@@ -79,13 +129,13 @@ fn infer_request(n: usize, value: f32, rest: &str, extra_head: &str) -> Vec<u8> 
     req
 }
 
-struct Response {
-    head: String,
-    body: Vec<u8>,
+pub(crate) struct Response {
+    pub head: String,
+    pub body: Vec<u8>,
 }
 
 impl Response {
-    fn header(&self, name: &str) -> Option<String> {
+    pub fn header(&self, name: &str) -> Option<String> {
         self.head.lines().skip(1).find_map(|l| {
             let (k, v) = l.split_once(':')?;
             k.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
@@ -93,7 +143,7 @@ impl Response {
     }
 }
 
-fn read_response<R: BufRead>(r: &mut R) -> Response {
+pub(crate) fn read_response<R: BufRead>(r: &mut R) -> Response {
     let mut head = String::new();
     loop {
         let mut line = String::new();
@@ -110,7 +160,7 @@ fn read_response<R: BufRead>(r: &mut R) -> Response {
     resp
 }
 
-fn expected_body(n: usize, v: f32, k: u32, outputs: &[&str]) -> Vec<u8> {
+pub(crate) fn expected_body(n: usize, v: f32, k: u32, outputs: &[&str]) -> Vec<u8> {
     let mut header = format!("{PREFIX_START}{k}}},\"outputs\":[");
     let mut bin = Vec::new();
     for (i, name) in outputs.iter().enumerate() {
@@ -160,9 +210,9 @@ fn expected_body(n: usize, v: f32, k: u32, outputs: &[&str]) -> Vec<u8> {
 
 /// A fake upstream answering `count` connections with a fixed response; records requests.
 /// Requests the fake upstream saw, in order.
-type Seen = Arc<Mutex<Vec<Vec<u8>>>>;
+pub(crate) type Seen = Arc<Mutex<Vec<Vec<u8>>>>;
 
-fn fake_upstream(count: usize) -> (String, Seen, thread::JoinHandle<()>) {
+pub(crate) fn fake_upstream(count: usize) -> (String, Seen, thread::JoinHandle<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let seen = Arc::new(Mutex::new(Vec::new()));
@@ -367,8 +417,7 @@ fn timeout_queue_full_and_stop() {
 
     // the abandoned job is dropped by next_batch, not handed to Python
     let mut images = vec![0f32; 64 * 4];
-    let (mut id, mut k, mut seed) = (0u64, 0u32, 0i64);
-    let n = unsafe { bgf_next_batch(h.0, images.as_mut_ptr(), 64, 10, &mut id, &mut k, &mut seed) };
+    let n = next_batch(h, &mut images, 64, 10).n;
     assert_eq!(n, 0);
 
     // queue limit 20 images, max_instances 8: fill with 8+8, then 8 more → 503
@@ -387,8 +436,10 @@ fn timeout_queue_full_and_stop() {
     assert_eq!(full.body, b"{\"error\":\"queue full\"}");
 
     // a batch in flight when the completion carries an error status
-    let n = unsafe { bgf_next_batch(h.0, images.as_mut_ptr(), 64, 100, &mut id, &mut k, &mut seed) };
-    assert_eq!(n, 8);
+    let b = next_batch(h, &mut images, 64, 100);
+    assert_eq!(b.n, 8);
+    assert_eq!((b.generation, b.requests), (0, 1));
+    let id = b.id;
     let err = b"{\"error\":\"model exploded\"}";
     assert_eq!(
         unsafe { bgf_complete(h.0, id, 500, err.as_ptr(), err.len(), std::ptr::null(), 0) },
@@ -415,7 +466,7 @@ fn timeout_queue_full_and_stop() {
     let mut r1 = BufReader::new(waiting.remove(0));
     let s = read_response(&mut r1);
     assert!(s.head.starts_with("HTTP/1.1 503"));
-    let n = unsafe { bgf_next_batch(h.0, images.as_mut_ptr(), 64, 1000, &mut id, &mut k, &mut seed) };
+    let n = next_batch(h, &mut images, 64, 1000).n;
     assert_eq!(n, 0);
     assert!(TcpStream::connect_timeout(
         &format!("127.0.0.1:{port}").parse().unwrap(),

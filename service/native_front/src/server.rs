@@ -3,35 +3,207 @@
 //! A connection serves requests in order (pipelined bytes stay buffered for the next
 //! request) with keep-alive for HTTP/1.1 (idle read timeout 75 s). A fast-path request is
 //! queued and its thread waits for the batch's answer (or its deadline → 504); anything else
-//! is relayed to the Python service and the connection is then closed.
+//! is relayed to the Python service and the connection is then closed. Each request is handled
+//! start to end with one configuration snapshot ([`Shared::config`]).
+//!
+//! Over `max_connections` open connections a new one is answered 503 `busy_body` and closed.
+//! While draining ([`Server::drain`]) the listener is closed, connections idle between requests
+//! are closed (a registry of connection slots: idle ones are shut down for reading) and every
+//! response carries `connection: close`.
 
-use crate::batch_queue::{BatchQueue, Job, JobMeta};
+use crate::access_log::{self, AccessLog, Entry, INFER_ROUTE};
+use crate::batch_queue::{BatchQueue, Job, JobMeta, CLIENT_GONE};
 use crate::config::Config;
 use crate::fast_path::{check_body, check_head};
+use crate::histogram::Histogram;
 use crate::http::{self, find_head_end, Framing, Head, MAX_HEAD};
-use crate::relay;
+use crate::peer::{self, Fd, Peek};
+use crate::relay::{self, RelayOutcome};
 use crate::request_id;
-use crate::stats::Stats;
+use crate::stats::{Gauge, InFlight, Stats};
+use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::mpsc::{sync_channel, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 /// Idle keep-alive timeout (and the read timeout while a request arrives).
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(75);
 
+/// Most threads answering connections over the limit at once; past it the 503 is written by
+/// the acceptor itself, without the graceful drain.
+const MAX_BUSY_THREADS: u64 = 64;
+
+const BUSY: u8 = 0;
+const IDLE: u8 = 1;
+const SHUT: u8 = 2;
+
+/// A connection as the drain sees it: its descriptor and whether its thread waits for a new
+/// request with nothing buffered.
+#[derive(Debug)]
+struct ConnSlot {
+    fd: Fd,
+    state: AtomicU8,
+}
+
 /// State shared by the acceptor, the connection threads and the FFI handle.
 pub struct Shared {
-    /// Settings.
-    pub cfg: Arc<Config>,
+    config: RwLock<Arc<Config>>,
     /// Counters.
     pub stats: Arc<Stats>,
     /// The job queue.
     pub queue: BatchQueue,
-    stopping: AtomicBool,
+    /// Access-log lines.
+    pub log: AccessLog,
+    /// Latency histogram of natively answered requests.
+    pub latency: Histogram,
+    max_connections: u64,
+    /// The listener is closing (drain or stop).
+    closing: AtomicBool,
+    draining: AtomicBool,
+    conns: Mutex<HashMap<u64, Arc<ConnSlot>>>,
+    next_conn: AtomicU64,
+    busy_threads: AtomicU64,
+}
+
+/// What the access log and the histogram get about a native answer (the duration and bytes
+/// are added once it is written).
+struct Answered<'a> {
+    request_id: &'a str,
+    method: &'a str,
+    path: &'a str,
+    route: &'a str,
+    status: u16,
+    arrival: Instant,
+    client: &'a str,
+}
+
+impl Shared {
+    /// The configuration for a request classified now.
+    pub fn config(&self) -> Arc<Config> {
+        self.config.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// `bgf_configure`: parse `text` against the running configuration and make it current.
+    /// Returns the new generation.
+    pub fn configure(&self, text: &[u8]) -> Result<u64, String> {
+        let mut current = self.config.write().unwrap_or_else(|p| p.into_inner());
+        let next = Config::parse_update(text, &current)?;
+        let generation = next.generation;
+        *current = Arc::new(next);
+        Ok(generation)
+    }
+
+    /// True once the drain began.
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    fn conns(&self) -> MutexGuard<'_, HashMap<u64, Arc<ConnSlot>>> {
+        self.conns.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Count a native answer by its status (before it is written, so a client that read it
+    /// sees the counter). `busy`: the 503 of the connection limit.
+    fn count_status(&self, status: u16, busy: bool) {
+        let s = &self.stats;
+        let counter = match status {
+            200 => &s.answered_200,
+            400 | 431 => &s.bad_requests_400_native,
+            500 => &s.errors_500,
+            502 => &s.upstream_502,
+            503 if busy => &s.rejected_connections,
+            503 => &s.rejected_503,
+            504 => &s.timed_out_504,
+            _ => return,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// After a native answer was written (`sent` bytes; 0 when the write failed): the latency
+    /// histogram and the access log.
+    fn observe(&self, cfg: &Config, a: &Answered<'_>, sent: usize) {
+        let duration = a.arrival.elapsed();
+        self.latency.observe(duration);
+        self.stats.latency_count.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .latency_sum_us
+            .fetch_add(duration.as_micros() as u64, Ordering::Relaxed);
+        let entry = Entry {
+            request_id: a.request_id,
+            method: a.method,
+            path: a.path,
+            route: a.route,
+            status: a.status,
+            duration,
+            bytes_sent: sent as u64,
+            client: Some(a.client),
+        };
+        self.log.log(cfg.access_log, cfg.pid, &entry);
+    }
+
+    /// Count, write and log a native answer. True when the write succeeded.
+    fn answer(&self, cfg: &Config, stream: &mut TcpStream, bytes: &[u8], a: &Answered<'_>, busy: bool) -> bool {
+        self.count_status(a.status, busy);
+        let ok = stream.write_all(bytes).is_ok();
+        self.observe(cfg, a, if ok { bytes.len() } else { 0 });
+        ok
+    }
+
+    /// Drain: shut down (for reading) every connection whose thread waits idle for a request,
+    /// which wakes it to close.
+    fn shut_idle_connections(&self) {
+        for slot in self.conns().values() {
+            if slot
+                .state
+                .compare_exchange(IDLE, SHUT, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+            {
+                peer::shutdown_read(slot.fd);
+            }
+        }
+    }
+}
+
+/// A served connection's place in the registry and in `open_connections`; dropped (by
+/// [`Conn`]) before the stream closes, so a registered descriptor is always open.
+struct Registration {
+    shared: Arc<Shared>,
+    id: u64,
+    slot: Arc<ConnSlot>,
+}
+
+impl Registration {
+    fn new(shared: &Arc<Shared>, stream: &TcpStream) -> Registration {
+        shared.stats.open_connections.fetch_add(1, Ordering::SeqCst);
+        let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
+        let slot = Arc::new(ConnSlot {
+            fd: peer::fd_of(stream),
+            state: AtomicU8::new(BUSY),
+        });
+        shared.conns().insert(id, slot.clone());
+        Registration {
+            shared: shared.clone(),
+            id,
+            slot,
+        }
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.shared.conns().remove(&self.id);
+        self.shared.stats.open_connections.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A served connection (field order = drop order: the registration goes before the stream).
+struct Conn {
+    reg: Registration,
+    stream: TcpStream,
 }
 
 /// A running front end.
@@ -47,13 +219,19 @@ impl Server {
     pub fn start(cfg: Config) -> io::Result<Server> {
         let listener = TcpListener::bind((cfg.host.as_str(), cfg.port))?;
         let addr = listener.local_addr()?;
-        let cfg = Arc::new(cfg);
         let stats = Arc::new(Stats::default());
         let shared = Arc::new(Shared {
-            queue: BatchQueue::new(cfg.clone(), stats.clone()),
-            cfg,
+            queue: BatchQueue::new(stats.clone()),
+            latency: Histogram::new(&cfg.latency_buckets),
+            max_connections: cfg.max_connections as u64,
+            config: RwLock::new(Arc::new(cfg)),
             stats,
-            stopping: AtomicBool::new(false),
+            log: AccessLog::default(),
+            closing: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
+            conns: Mutex::new(HashMap::new()),
+            next_conn: AtomicU64::new(0),
+            busy_threads: AtomicU64::new(0),
         });
         let acc = shared.clone();
         let handle = thread::Builder::new()
@@ -71,10 +249,9 @@ impl Server {
         self.addr.port()
     }
 
-    /// Stop accepting, answer queued jobs 503, make `next_batch` return nothing, join the
-    /// acceptor. Idempotent.
-    pub fn stop(&self) {
-        self.shared.stopping.store(true, Ordering::SeqCst);
+    /// Stop accepting: wake and join the acceptor, which closes the listener. Idempotent.
+    fn close_listener(&self) {
+        self.shared.closing.store(true, Ordering::SeqCst);
         let handle = self.acceptor.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(handle) = handle {
             // wake the blocking accept() with a connection of our own
@@ -88,23 +265,50 @@ impl Server {
             let _ = TcpStream::connect_timeout(&wake, Duration::from_secs(1));
             let _ = handle.join();
         }
+    }
+
+    /// Drain: close the listener, close connections idle between requests, answer everything
+    /// else with `connection: close`. Queued jobs and `next_batch` are unaffected. Idempotent.
+    pub fn drain(&self) {
+        self.shared.draining.store(true, Ordering::SeqCst);
+        self.close_listener();
+        self.shared.shut_idle_connections();
+    }
+
+    /// Stop accepting, answer queued jobs 503, make `next_batch` return nothing, join the
+    /// acceptor. Idempotent.
+    pub fn stop(&self) {
+        self.close_listener();
         self.shared.queue.stop();
     }
 }
 
 fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
-    for conn in listener.incoming() {
-        if shared.stopping.load(Ordering::SeqCst) {
+    loop {
+        let conn = listener.accept();
+        if shared.closing.load(Ordering::SeqCst) {
             break;
         }
         match conn {
-            Ok(stream) => {
+            Ok((stream, addr)) => {
+                // only this thread raises the gauge: the check cannot be overtaken
+                if shared.stats.open_connections.load(Ordering::SeqCst) >= shared.max_connections {
+                    reject_busy(&shared, stream, addr);
+                    continue;
+                }
                 shared.stats.connections_accepted.fetch_add(1, Ordering::Relaxed);
-                let s = shared.clone();
+                let conn = Conn {
+                    reg: Registration::new(&shared, &stream),
+                    stream,
+                };
                 let spawned = thread::Builder::new()
                     .name("bgfront-conn".into())
                     .stack_size(256 * 1024)
-                    .spawn(move || serve_connection(&s, stream));
+                    .spawn(move || {
+                        let mut conn = conn;
+                        let shared = conn.reg.shared.clone();
+                        serve_connection(&shared, &mut conn.stream, &conn.reg.slot, &addr.to_string());
+                    });
                 if spawned.is_err() {
                     thread::sleep(Duration::from_millis(10));
                 }
@@ -113,6 +317,49 @@ fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
         }
     }
     // the listener closes here
+}
+
+/// A connection over `max_connections`: 503 `busy_body`, `connection: close`, graceful close
+/// (on a short-lived thread of its own; inline without the drain past [`MAX_BUSY_THREADS`]).
+fn reject_busy(shared: &Arc<Shared>, mut stream: TcpStream, addr: SocketAddr) {
+    let arrival = Instant::now();
+    let cfg = shared.config();
+    let id = request_id::new_id();
+    let bytes = http::json_response(503, cfg.busy_body.as_bytes(), &id, true);
+    let client = addr.to_string();
+    let answered = move |shared: &Shared, stream: &mut TcpStream| {
+        let a = Answered {
+            request_id: &id,
+            method: "-",
+            path: "-",
+            route: "-",
+            status: 503,
+            arrival,
+            client: &client,
+        };
+        shared.answer(&cfg, stream, &bytes, &a, true);
+    };
+    if shared.busy_threads.fetch_add(1, Ordering::SeqCst) < MAX_BUSY_THREADS {
+        let s = shared.clone();
+        let spawned = thread::Builder::new()
+            .name("bgfront-busy".into())
+            .stack_size(64 * 1024)
+            .spawn(move || {
+                answered(&s, &mut stream);
+                close_gracefully(&mut stream);
+                s.busy_threads.fetch_sub(1, Ordering::SeqCst);
+            });
+        if spawned.is_err() {
+            // the closure (and the connection) is gone: counted, not answered
+            shared.busy_threads.fetch_sub(1, Ordering::SeqCst);
+            shared.stats.rejected_connections.fetch_add(1, Ordering::Relaxed);
+        }
+        return;
+    }
+    shared.busy_threads.fetch_sub(1, Ordering::SeqCst);
+    let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
+    answered(shared, &mut stream);
+    let _ = stream.shutdown(Shutdown::Write);
 }
 
 /// Close after a final response: half-close, drain what the client still sends (briefly),
@@ -145,11 +392,19 @@ fn read_more(stream: &mut TcpStream, buf: &mut Vec<u8>, want: usize) -> io::Resu
     r
 }
 
+/// Wait idle (nothing buffered) for the next request: false when the drain began and nothing
+/// is waiting (close now). The drain shuts down idle connections, which ends the read.
+fn enter_idle(shared: &Shared, slot: &ConnSlot) -> bool {
+    slot.state.store(IDLE, Ordering::SeqCst);
+    // SeqCst pairs with the drain's store + compare_exchange: either this thread sees the
+    // drain, or the drain sees this slot idle (or both).
+    !(shared.draining() && peer::peek(slot.fd) != Peek::Data)
+}
+
 /// Serve one connection until it closes.
-pub fn serve_connection(shared: &Shared, mut stream: TcpStream) {
+fn serve_connection(shared: &Shared, stream: &mut TcpStream, slot: &ConnSlot, client: &str) {
     let _ = stream.set_nodelay(true);
     let _ = stream.set_read_timeout(Some(IDLE_TIMEOUT));
-    let cfg = &shared.cfg;
     let stats = &shared.stats;
     let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
     loop {
@@ -169,52 +424,72 @@ pub fn serve_connection(shared: &Shared, mut stream: TcpStream) {
                 break None;
             }
             scanned = buf.len();
-            match read_more(&mut stream, &mut buf, 0) {
-                Ok(0) | Err(_) => return, // EOF, idle timeout or error
+            let idle = buf.is_empty();
+            if idle && !enter_idle(shared, slot) {
+                return;
+            }
+            let r = read_more(stream, &mut buf, 0);
+            if idle {
+                slot.state.store(BUSY, Ordering::SeqCst);
+            }
+            match r {
+                Ok(0) | Err(_) => return, // EOF, idle timeout, error or drained
                 Ok(_) => {}
             }
         };
-        let Some(end) = end.filter(|&e| e <= MAX_HEAD) else {
-            stats.bad_requests_400_native.fetch_add(1, Ordering::Relaxed);
+        let arrival = Instant::now();
+        let cfg = shared.config();
+        let unframeable = |stream: &mut TcpStream, status: u16, body: &str| {
             let id = request_id::new_id();
-            let _ = stream.write_all(&http::json_response(
-                431,
-                http::HEAD_TOO_LARGE_BODY.as_bytes(),
-                &id,
-                true,
-            ));
-            close_gracefully(&mut stream);
+            let a = Answered {
+                request_id: &id,
+                method: "-",
+                path: "-",
+                route: "-",
+                status,
+                arrival,
+                client,
+            };
+            shared.answer(
+                &cfg,
+                stream,
+                &http::json_response(status, body.as_bytes(), &id, true),
+                &a,
+                false,
+            );
+            close_gracefully(stream);
+        };
+        let Some(end) = end.filter(|&e| e <= MAX_HEAD) else {
+            unframeable(stream, 431, http::HEAD_TOO_LARGE_BODY);
             return;
         };
-        let arrival = Instant::now();
         let parsed = Head::parse(buf[..end].to_vec()).and_then(|h| h.framing().map(|f| (h, f)));
         let (head, framing) = match parsed {
             Ok(x) => x,
             Err(_) => {
-                stats.bad_requests_400_native.fetch_add(1, Ordering::Relaxed);
-                let id = request_id::new_id();
-                let _ = stream.write_all(&http::json_response(400, http::BAD_REQUEST_BODY.as_bytes(), &id, true));
-                close_gracefully(&mut stream);
+                unframeable(stream, 400, http::BAD_REQUEST_BODY);
                 return;
             }
         };
         let request_id = request_id::for_request(head.values("x-request-id").next());
+        let method = String::from_utf8_lossy(head.method()).into_owned();
+        let path = access_log::path_of(head.target());
 
         // 2. fast path?
         let mut fast = None;
-        if let Ok(h) = check_head(cfg, &head, framing) {
+        if let Ok(h) = check_head(&cfg, &head, framing) {
             let Framing::Length(len) = framing else {
                 unreachable!("check_head wants a Content-Length")
             };
             let total = end + len as usize;
             while buf.len() < total {
                 let want = total - buf.len();
-                match read_more(&mut stream, &mut buf, want) {
+                match read_more(stream, &mut buf, want) {
                     Ok(0) | Err(_) => return, // the client went away mid-body
                     Ok(_) => {}
                 }
             }
-            if let Ok(req) = check_body(cfg, h, &buf[end..total]) {
+            if let Ok(req) = check_body(&cfg, h, &buf[end..total]) {
                 fast = Some((req, total));
             }
         }
@@ -222,13 +497,34 @@ pub fn serve_connection(shared: &Shared, mut stream: TcpStream) {
         // 3a. relay
         let Some((req, total)) = fast else {
             stats.relayed_requests.fetch_add(1, Ordering::Relaxed);
-            relay::relay(&cfg.upstream, &mut stream, &head, framing, &buf[end..], &request_id);
-            close_gracefully(&mut stream);
+            let outcome = {
+                let _in_flight = Gauge::up(&stats.relays_in_flight);
+                relay::relay(&cfg.upstream, stream, &head, framing, &buf[end..], &request_id)
+            };
+            let native = match outcome {
+                RelayOutcome::Forwarded(_) => None,
+                RelayOutcome::UpstreamDown { sent } => Some((502, sent)),
+                RelayOutcome::BadChunked { sent } => Some((400, sent)),
+            };
+            if let Some((status, sent)) = native {
+                let a = Answered {
+                    request_id: &request_id,
+                    method: &method,
+                    path: &path,
+                    route: &path,
+                    status,
+                    arrival,
+                    client,
+                };
+                shared.count_status(status, false);
+                shared.observe(&cfg, &a, sent);
+            }
+            close_gracefully(stream);
             return;
         };
 
         // 3b. queue and wait
-        let close = head.wants_close();
+        let mut close = head.wants_close() || shared.draining();
         let n = req.n;
         let (tx, rx) = sync_channel(1);
         let meta = Arc::new(JobMeta {
@@ -241,15 +537,18 @@ pub fn serve_connection(shared: &Shared, mut stream: TcpStream) {
             deadline: arrival + cfg.request_timeout,
             abandoned: AtomicBool::new(false),
             reply: tx,
+            cfg: cfg.clone(),
+            fd: peer::fd_of(stream),
+            in_flight: InFlight::new(stats.clone()),
         });
-        let bytes = match shared.queue.push(Job {
+        let (status, bytes) = match shared.queue.push(Job {
             meta: meta.clone(),
             images: req.images,
         }) {
-            Err(_) => {
-                stats.rejected_503.fetch_add(1, Ordering::Relaxed);
-                http::json_response(503, cfg.queue_full_body.as_bytes(), &meta.request_id, close)
-            }
+            Err(_) => (
+                503,
+                http::json_response(503, cfg.queue_full_body.as_bytes(), &meta.request_id, close),
+            ),
             Ok(()) => {
                 stats.fast_requests.fetch_add(1, Ordering::Relaxed);
                 stats.fast_images.fetch_add(n as u64, Ordering::Relaxed);
@@ -257,32 +556,44 @@ pub fn serve_connection(shared: &Shared, mut stream: TcpStream) {
                 let reply = match rx.recv_timeout(wait) {
                     Ok(r) => Some(r),
                     Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {
-                        meta.abandoned.store(true, Ordering::Release);
+                        shared.queue.abandon(&meta);
                         rx.try_recv().ok() // an answer that raced the deadline still wins
                     }
                 };
                 match reply {
-                    Some(r) => {
-                        match r.status {
-                            503 => stats.rejected_503.fetch_add(1, Ordering::Relaxed),
-                            504 => stats.timed_out_504.fetch_add(1, Ordering::Relaxed),
-                            _ => 0,
-                        };
-                        r.bytes
-                    }
-                    None => {
-                        stats.timed_out_504.fetch_add(1, Ordering::Relaxed);
-                        http::json_response(504, cfg.timeout_body.as_bytes(), &meta.request_id, close)
-                    }
+                    Some(r) => (r.status, r.bytes),
+                    None => (
+                        504,
+                        http::json_response(504, cfg.timeout_body.as_bytes(), &meta.request_id, close),
+                    ),
                 }
             }
         };
         buf.drain(..total);
-        if stream.write_all(&bytes).is_err() {
+        if status == CLIENT_GONE {
+            return; // the client closed the connection: nobody to answer
+        }
+        let mut bytes = bytes;
+        if !close && shared.draining() {
+            bytes = http::add_close(bytes);
+            close = true;
+        }
+        let a = Answered {
+            request_id: &meta.request_id,
+            method: &method,
+            path: &path,
+            route: INFER_ROUTE,
+            status,
+            arrival,
+            client,
+        };
+        let written = shared.answer(&cfg, stream, &bytes, &a, false);
+        drop(meta); // answered: no longer pending (once the queue is done with it too)
+        if !written {
             return;
         }
         if close {
-            close_gracefully(&mut stream);
+            close_gracefully(stream);
             return;
         }
     }

@@ -1,0 +1,145 @@
+//! Socket checks that std does not offer: has the client closed its side, has it sent bytes not
+//! read yet. Linux only (`recv` with `MSG_PEEK | MSG_DONTWAIT`, declared here — std links libc);
+//! elsewhere a client is taken as present and as having sent nothing.
+
+/// A connection's raw descriptor (-1 where there is none).
+pub type Fd = i32;
+
+/// The raw descriptor of a stream.
+pub fn fd_of(stream: &std::net::TcpStream) -> Fd {
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsRawFd;
+        stream.as_raw_fd()
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = stream;
+        -1
+    }
+}
+
+/// What a non-blocking one-byte peek says about a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Peek {
+    /// The client closed its side (or reset the connection).
+    Closed,
+    /// Bytes are waiting (pipelined data).
+    Data,
+    /// Open, nothing waiting (or unknown).
+    Quiet,
+}
+
+#[cfg(target_os = "linux")]
+mod sys {
+    use std::ffi::{c_int, c_void};
+
+    pub const MSG_PEEK: c_int = 2;
+    pub const MSG_DONTWAIT: c_int = 0x40;
+    pub const ECONNRESET: i32 = 104;
+
+    extern "C" {
+        pub fn recv(fd: c_int, buf: *mut c_void, len: usize, flags: c_int) -> isize;
+    }
+}
+
+/// Peek at `fd` without blocking or consuming anything.
+#[cfg(target_os = "linux")]
+pub fn peek(fd: Fd) -> Peek {
+    if fd < 0 {
+        return Peek::Quiet;
+    }
+    let mut byte = 0u8;
+    // SAFETY: one writable byte; the descriptor is owned by a live connection thread (see the
+    // callers); MSG_PEEK leaves the data in place.
+    let r = unsafe { sys::recv(fd, (&mut byte as *mut u8).cast(), 1, sys::MSG_PEEK | sys::MSG_DONTWAIT) };
+    match r {
+        0 => Peek::Closed,
+        n if n > 0 => Peek::Data,
+        _ => match std::io::Error::last_os_error().raw_os_error() {
+            Some(sys::ECONNRESET) => Peek::Closed,
+            _ => Peek::Quiet, // EAGAIN / EWOULDBLOCK: open and quiet
+        },
+    }
+}
+
+/// Peek at `fd` (not Linux: always [`Peek::Quiet`]).
+#[cfg(not(target_os = "linux"))]
+pub fn peek(_fd: Fd) -> Peek {
+    Peek::Quiet
+}
+
+/// True when the client has closed its side of the connection.
+pub fn client_gone(fd: Fd) -> bool {
+    peek(fd) == Peek::Closed
+}
+
+/// `shutdown(fd, SHUT_RD)` without taking ownership of the descriptor: a thread blocked reading
+/// it returns at once (0 bytes when nothing is waiting).
+pub fn shutdown_read(fd: Fd) {
+    #[cfg(unix)]
+    if fd >= 0 {
+        use std::mem::ManuallyDrop;
+        use std::os::fd::FromRawFd;
+        // SAFETY: the descriptor is open (the caller holds the registry entry that keeps it
+        // so); ManuallyDrop never closes it.
+        let s = ManuallyDrop::new(unsafe { std::net::TcpStream::from_raw_fd(fd) });
+        let _ = s.shutdown(std::net::Shutdown::Read);
+    }
+    #[cfg(not(unix))]
+    let _ = fd;
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    use std::time::{Duration, Instant};
+
+    fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        (c, s)
+    }
+
+    fn wait_for(fd: Fd, want: Peek) {
+        let until = Instant::now() + Duration::from_secs(5);
+        while peek(fd) != want {
+            assert!(Instant::now() < until, "never {want:?}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn peeks_tell_quiet_data_and_closed() {
+        let (mut c, mut s) = pair();
+        let fd = fd_of(&s);
+        assert_eq!(peek(fd), Peek::Quiet);
+        assert!(!client_gone(fd));
+        c.write_all(b"x").unwrap();
+        wait_for(fd, Peek::Data);
+        assert!(!client_gone(fd));
+        let mut b = [0u8; 1];
+        s.read_exact(&mut b).unwrap(); // the peek left the byte in place
+        assert_eq!(&b, b"x");
+        c.shutdown(Shutdown::Write).unwrap();
+        wait_for(fd, Peek::Closed);
+        assert!(client_gone(fd));
+        assert_eq!(peek(-1), Peek::Quiet);
+    }
+
+    #[test]
+    fn shutdown_read_wakes_a_blocked_reader() {
+        let (_c, mut s) = pair();
+        let fd = fd_of(&s);
+        let t = std::thread::spawn(move || {
+            let mut b = [0u8; 8];
+            s.read(&mut b).unwrap()
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        shutdown_read(fd);
+        assert_eq!(t.join().unwrap(), 0);
+    }
+}
