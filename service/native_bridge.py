@@ -13,9 +13,11 @@ waits in ``bgf_next_batch`` (the GIL released), hands each batch to the service'
 :class:`~bayesgate.service.worker.BatchWorker` as one job — its queue, admission by
 image-passes, deadline checks, stop checks between layers, metrics and stats apply, and the
 batch may share an engine call with the Python routes' jobs — and gives the worker's answers back
-as one buffer. The answers are the worker's own :class:`~bayesgate.service.prediction.Prediction`
-s, encoded by :func:`~bayesgate.service.inference_protocol.encode_outputs`: byte-identical to
-the service's ``/v2`` binary answers for the same seed (tests/service/test_native_front.py).
+as one buffer. The answers are the worker's own, as columns
+(:class:`~bayesgate.service.prediction.ColumnAnswer`: the tensors every
+:class:`~bayesgate.service.prediction.Prediction` is made from, no per-image object):
+byte-identical to the service's ``/v2`` binary answers for the same seed
+(tests/service/test_native_front.py).
 
 Operations: the front end writes its own access-log lines (``"front": "native"``) for the requests
 it answers; ``/metrics`` gains ``bayesgate_native_*`` series (:class:`NativeCollector`); on
@@ -54,12 +56,12 @@ from bayesgate.service.errors import (
     error_body,
     status_of,
 )
-from bayesgate.service.inference_protocol import INPUT_NAME, encode_outputs, output_table
+from bayesgate.service.inference_protocol import INPUT_NAME, output_table
 from bayesgate.service.metrics import LATENCY_BUCKETS
 from bayesgate.service.native import Batch, NativeFront, load_library
 from bayesgate.service.native_build import library_path
 from bayesgate.service.oip_binary import DTYPES
-from bayesgate.service.prediction import Prediction
+from bayesgate.service.prediction import ColumnAnswer
 from bayesgate.service.served_model import ModelRef, ServedModel
 from bayesgate.service.settings import Settings
 
@@ -155,14 +157,26 @@ def answer_prefix(
     return head[:-2]  # without "]}"
 
 
-def output_bytes(rows: list[Prediction], names: list[str]) -> bytes:
-    """The outputs ``names`` (the front end's table, in its order) of the batch's rows, each
-    ``n × elements`` little-endian values of its ``/v2`` datatype, concatenated: the service's
-    own ``/v2`` encoding (:func:`encode_outputs`) as arrays."""
-    parts = []
-    for o in encode_outputs(rows, names):
-        parts.append(np.asarray(o["data"]).astype(DTYPES[o["datatype"]], copy=False).tobytes())
-    return b"".join(parts)
+def output_bytes(answer: ColumnAnswer, table: list[tuple[str, str]]) -> bytes:
+    """The outputs of ``table`` (the front end's ``(name, datatype)`` s, in its order) for the
+    batch, each ``n × elements`` little-endian values of its ``/v2`` datatype, concatenated: the
+    values :func:`~bayesgate.service.inference_protocol.encode_outputs` gives the same rows'
+    :class:`~bayesgate.service.prediction.Prediction` s (tested bit for bit), made per batch.
+    :class:`KeyError` for a name the answer's model does not have."""
+    c = answer.columns
+    values = {
+        "probabilities": c.mean,
+        "label": c.labels,
+        **c.scores,
+        "aleatoric_variance": c.aleatoric_variance,
+        "epistemic_variance": c.epistemic_variance,
+        "adversarial": c.flagged(answer.score_name, answer.threshold),
+        "score": c.scores[answer.score_name],
+    }
+    return b"".join(
+        values[name].numpy().astype(DTYPES[datatype], copy=False).tobytes()
+        for name, datatype in table
+    )
 
 
 class Slot:
@@ -182,9 +196,11 @@ class NativeBridge:
     """The running front end and the thread that feeds its batches to the worker."""
 
     # Batches handed to the worker and not yet computing. One: the next batch is taken from the
-    # front end when the worker starts computing this one (Job.on_start), so it gathers the
-    # requests that arrive meanwhile and is ready the moment the engine is free; the worker's
-    # answer thread answers the previous batch while the engine computes.
+    # front end when the worker starts computing this one (Job.on_start), so it waits in the
+    # worker's queue and the engine never waits for it; the worker's answer thread answers the
+    # previous batch meanwhile. (Taking it when the call ends instead gave batches of 16 rather
+    # than 10 under 32 clients, but 817 rather than 936 images/s and more CPU per image:
+    # docs/service.md, the native front end's benchmark.)
     in_flight = 1
     timeout_ms = 100  # longest wait in bgf_next_batch (how soon a stop or a reload is seen)
 
@@ -205,8 +221,10 @@ class NativeBridge:
         self._thread = threading.Thread(target=self._run, name="native-bridge", daemon=True)
 
     @staticmethod
-    def _table(config: dict[str, Any]) -> tuple[list[str], tuple[int, ...]]:
-        return [o["name"] for o in config["outputs"]], tuple(config["input_shape"])
+    def _table(config: dict[str, Any]) -> tuple[list[tuple[str, str]], tuple[int, ...]]:
+        """The configuration's outputs ``(name, datatype)`` and input shape."""
+        outputs = [(o["name"], o["datatype"]) for o in config["outputs"]]
+        return outputs, tuple(config["input_shape"])
 
     @property
     def port(self) -> int:
@@ -280,6 +298,7 @@ class NativeBridge:
                 requests=batch.requests,
                 gathered=True,
                 on_start=slot.release,
+                columnar=True,
             )
         except ServiceError as exc:
             self._fail(batch.batch_id, exc)
@@ -289,21 +308,20 @@ class NativeBridge:
         job.future.add_done_callback(lambda future: self._finish(future, batch, table[0], slot))
 
     def _finish(
-        self, future: Future[list[Prediction]], batch: Batch, names: list[str], slot: Slot
+        self, future: Future[Any], batch: Batch, table: list[tuple[str, str]], slot: Slot
     ) -> None:
         try:
             exc = future.exception()
             if exc is not None:
                 self._fail(batch.batch_id, exc)
                 return
-            rows = future.result()
+            answer: ColumnAnswer = future.result()
             try:
-                data = output_bytes(rows, names)
+                data = output_bytes(answer, table)
             except KeyError:  # a score of the old table the new model does not have
                 self._fail(batch.batch_id, QueueFull(REPLACED))
                 return
-            first = rows[0]
-            prefix = answer_prefix(first.model, first.score_name, first.threshold, batch.k,
+            prefix = answer_prefix(answer.model, answer.score_name, answer.threshold, batch.k,
                                    batch.seed)  # fmt: skip
             self.front.complete(batch.batch_id, 200, prefix, data)
         except Exception as exc:  # never leave the front end's requests waiting

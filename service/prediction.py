@@ -71,9 +71,13 @@ def predictions(
     values are those of each measure's own function (``tests/service/test_service_answers.py``
     checks them against a straightforward reference, bit for bit).
     """
+    return rows_of(answer_columns(probs, model, features), model)
+
+
+def rows_of(columns: AnswerColumns, model: ServedModel) -> list[Prediction]:
+    """The :class:`Prediction` of each row of ``columns`` (:func:`predictions`' per-image step)."""
     classes, ref, decision = model.card.classes, model.ref, model.decision
     with torch.inference_mode():
-        columns = answer_columns(probs, model, features)
         scores = columns.scores
         names = tuple(scores)
         # float32 → float64 is exact: the same Python floats as each column's own tolist()
@@ -116,6 +120,32 @@ class AnswerColumns:
     scores: dict[str, torch.Tensor]  # every score by name: the uncertainty ones first
     aleatoric_variance: torch.Tensor
     epistemic_variance: torch.Tensor
+
+    def rows(self, start: int, stop: int) -> AnswerColumns:
+        """Rows ``start:stop`` (views)."""
+        return AnswerColumns(
+            self.mean[start:stop],
+            self.labels[start:stop],
+            {name: score[start:stop] for name, score in self.scores.items()},
+            self.aleatoric_variance[start:stop],
+            self.epistemic_variance[start:stop],
+        )
+
+    def flagged(self, score: str, threshold: float) -> torch.Tensor:
+        """``score > threshold`` per row, compared as :class:`Prediction` does (the float32
+        score as float64)."""
+        return self.scores[score].double() > threshold
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnAnswer:
+    """A job's answers as columns (a native front end's batch, ``Job.columnar``): no
+    per-image object; the same values as the :class:`Prediction` s of its rows."""
+
+    columns: AnswerColumns
+    model: ModelRef
+    score_name: str
+    threshold: float
 
 
 def answer_columns(

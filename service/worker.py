@@ -80,7 +80,12 @@ from bayesgate.service.errors import (
     QueueFull,
 )
 from bayesgate.service.metrics import Metrics
-from bayesgate.service.prediction import Prediction, predictions
+from bayesgate.service.prediction import (
+    ColumnAnswer,
+    Prediction,
+    answer_columns,
+    rows_of,
+)
 from bayesgate.service.served_model import ServedModel
 
 log = logging.getLogger("bayesgate.service")
@@ -104,8 +109,9 @@ class Job:
     dropped: str | None = None  # why the waiting request cancelled it (``client_gone``, …)
     requests: int = 1  # HTTP requests it answers (a native front end's batch is several)
     gathered: bool = False  # already a batch (the native front end's): run without waiting
+    columnar: bool = False  # answered with a ColumnAnswer (no per-image Prediction)
     on_start: Callable[[], None] | None = None  # called (worker thread) as its engine call starts
-    future: concurrent.futures.Future[list[Prediction]] = field(
+    future: concurrent.futures.Future[list[Prediction] | ColumnAnswer] = field(
         default_factory=concurrent.futures.Future
     )
 
@@ -379,6 +385,7 @@ class BatchWorker:
         requests: int = 1,
         gathered: bool = False,
         on_start: Callable[[], None] | None = None,
+        columnar: bool = False,
     ) -> Job:
         """Enqueue without blocking; :class:`QueueFull` when the job's work or the job itself does
         not fit. The request's ``reservation`` (if any) becomes the job's queued work.
@@ -387,7 +394,9 @@ class BatchWorker:
         requests the job answers (counted in the stats and metrics); ``gathered`` runs it without
         waiting up to ``max_queue_delay`` for more jobs (those already queued still join it);
         ``on_start`` is called in the worker thread when its engine call starts — the moment to
-        form the next batch, so that it gathers the requests that arrive during this call."""
+        form the next batch, so that it waits in the queue, ready when the engine is free;
+        ``columnar`` answers it with one :class:`~bayesgate.service.prediction.ColumnAnswer`
+        instead of a :class:`~bayesgate.service.prediction.Prediction` per image."""
         if not self.running:
             raise NotReady("the inference worker is not running (starting up or shutting down)")
         job = Job(
@@ -399,6 +408,7 @@ class BatchWorker:
             requests=requests,
             gathered=gathered,
             on_start=on_start,
+            columnar=columnar,
         )
         with self._work_lock:
             if reservation is not None:
@@ -745,11 +755,15 @@ class BatchWorker:
                     self._answering.remove(computed)
 
     def _answer(self, computed: Computed) -> None:
-        """Build the :class:`Prediction` s of one engine call (its own model) and answer each job
-        with its rows; an error fails them all (:class:`InferenceFailed`)."""
-        jobs, probs, size = computed.jobs, computed.probs, computed.size
+        """Build the answers of one engine call (its own model) and answer each job with its rows
+        — :class:`Prediction` s, or one :class:`ColumnAnswer` for a ``columnar`` job; an error
+        fails them all (:class:`InferenceFailed`)."""
+        jobs, probs, size, model = computed.jobs, computed.probs, computed.size, computed.model
+        decision = model.decision
         try:
-            answers = predictions(probs, computed.model, computed.features)
+            columns = answer_columns(probs, model, computed.features)
+            answers = rows_of(columns, model) if not all(j.columnar for j in jobs) else []
+            flagged = int(columns.flagged(decision.score, decision.threshold).sum())
         except Exception as exc:
             self._fail(jobs, exc, size, computed.engine_seconds)
             return
@@ -764,14 +778,21 @@ class BatchWorker:
         if self.metrics is not None:
             self.metrics.observe_engine_call(size, computed.engine_seconds)
             self.metrics.count_requests("succeeded", requests)
-            self.metrics.count_instances(size, sum(p.adversarial for p in answers))
+            self.metrics.count_instances(size, flagged)
         offset = 0
         for job in jobs:
-            rows = answers[offset : offset + job.size]
+            end = offset + job.size
+            if job.columnar:
+                part = columns.rows(offset, end)
+                answer = ColumnAnswer(part, model.ref, decision.score, decision.threshold)
+                settle(job.future, answer)
+                offset = end
+                continue
+            rows = answers[offset:end]
             if job.return_samples:
-                samples = probs[offset : offset + job.size].float().cpu().tolist()
+                samples = probs[offset:end].float().cpu().tolist()
                 rows = [replace(p, samples=s) for p, s in zip(rows, samples, strict=True)]
-            offset += job.size
+            offset = end
             settle(job.future, rows)
 
     def _fail(self, jobs: list[Job], exc: Exception, size: int, seconds: float) -> None:

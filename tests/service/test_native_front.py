@@ -153,6 +153,44 @@ def test_native_port_settings_that_cannot_work_are_refused(settings: dict, probl
     assert Settings(native_port=9001).native_port == 9001  # alone it is fine
 
 
+def test_column_answers_are_the_bytes_of_the_per_image_answers(
+    mnist_test: tuple[torch.Tensor, torch.Tensor],
+) -> None:
+    """What the bridge sends for a batch (:func:`output_bytes` of the worker's columns) is, for
+    every output of the bundled model's table, the bytes of the service's own ``/v2`` encoding
+    of the same rows' :class:`Prediction` s (detector scores, the float64 decision): digits
+    (not flagged) and noise (flagged), a slice of the batch as a job's rows."""
+    from bayesgate.service.engine import mc_engine
+    from bayesgate.service.inference_protocol import encode_outputs, output_table
+    from bayesgate.service.native_bridge import output_bytes
+    from bayesgate.service.oip_binary import DTYPES
+    from bayesgate.service.prediction import ColumnAnswer, answer_columns, rows_of
+
+    served = load_served_model(BUNDLED, device="cpu")
+    noise = torch.rand(3, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+    x = torch.cat([mnist_test[0][:4], noise])
+    out = mc_engine(served.network, x, 6, torch.Generator().manual_seed(3),
+                    features=served.detector.layers)  # fmt: skip
+    columns = answer_columns(out.probs, served, out.features)
+    rows = rows_of(columns, served)
+    decision = served.decision
+    table = [(name, datatype) for name, (datatype, _) in output_table(served).items()]
+    for start, stop in ((0, 7), (2, 6)):
+        part = ColumnAnswer(columns.rows(start, stop), served.ref, decision.score,
+                            decision.threshold)  # fmt: skip
+        expected = b"".join(
+            np.array(o["data"]).astype(DTYPES[o["datatype"]]).tobytes()
+            for o in encode_outputs(rows[start:stop], [name for name, _ in table])
+        )
+        assert output_bytes(part, table) == expected
+        for name, datatype in table:  # one output at a time: each is right, not just the sum
+            single = encode_outputs(rows[start:stop], [name])[0]["data"]
+            one = np.array(single).astype(DTYPES[datatype]).tobytes()
+            assert output_bytes(part, [(name, datatype)]) == one, name
+    flags = [r.adversarial for r in rows]
+    assert any(flags) and not all(flags)
+
+
 # --- in one process: the bridge with a worker ----------------------------------------------------
 
 

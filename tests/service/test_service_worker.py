@@ -224,17 +224,18 @@ async def test_worker_answers_match_the_engine_on_the_loaded_network(tiny_model_
 
 
 class _HeldAnswers:
-    """``predictions`` that waits, in the answer thread, until ``release`` is set (the real one
-    afterwards); records the thread that built each batch's answers."""
+    """``answer_columns`` (the first step of every batch's answers) that waits, in the answer
+    thread, until ``release`` is set (the real one afterwards); records the thread that built
+    each batch's answers."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         import bayesgate.service.worker as worker_module
 
-        self.real = worker_module.predictions
+        self.real = worker_module.answer_columns
         self.holding = threading.Event()
         self.release = threading.Event()
         self.threads: list[str] = []
-        monkeypatch.setattr(worker_module, "predictions", self)
+        monkeypatch.setattr(worker_module, "answer_columns", self)
 
     def __call__(self, probs: torch.Tensor, model: Any, features: Any = None) -> Any:
         self.threads.append(threading.current_thread().name)
@@ -302,7 +303,7 @@ async def test_an_error_while_answering_fails_only_that_batch(
 ) -> None:
     import bayesgate.service.worker as worker_module
 
-    real = worker_module.predictions
+    real = worker_module.answer_columns
     failures = iter([True, False])
 
     def flaky(probs: torch.Tensor, model: Any, features: Any = None) -> Any:
@@ -310,7 +311,7 @@ async def test_an_error_while_answering_fails_only_that_batch(
             raise ValueError("scores broke")
         return real(probs, model, features)
 
-    monkeypatch.setattr(worker_module, "predictions", flaky)
+    monkeypatch.setattr(worker_module, "answer_columns", flaky)
     worker = BatchWorker(load_served_model(tiny_model_dir, "cpu"), max_queue_delay_s=0.0)
     worker.start()
     try:
