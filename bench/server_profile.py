@@ -38,6 +38,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (  # (layer, substrings of "fi
     ("uncertainty summary", ("service/prediction.py", "models/mc/uncertainty")),
     ("model (torch, mc engine)", ("torch/", "models/mc/", "models/networks")),
     ("batching worker", ("service/worker.py",)),
+    ("native bridge", ("service/native_bridge.py", "service/native.py")),
     ("prometheus", ("prometheus_client",)),
     ("logging", ("logging/", "service/logs.py")),
     ("middleware", ("service/middleware.py",)),
@@ -140,19 +141,20 @@ def main(argv: list[str] | None = None) -> int:
     name, protocol, bodies = load.workloads(
         load.mnist_images(64), args.k, card["name"], [args.protocol]
     )[0]
-    port, grpc_port = load.free_port(), load.free_port()
+    port, grpc_port, native_port = load.free_port(), load.free_port(), load.free_port()
     env = load.server_env(args, args.max_batch_size)
     if protocol is None:
         env["BAYESGATE_GRPC_PORT"] = str(grpc_port)
+    if name == load.NATIVE:  # the native front end's port (Python sees only its batches)
+        env["BAYESGATE_NATIVE_PORT"] = str(native_port)
+    to = native_port if name == load.NATIVE else port
 
     def go(seconds: float) -> tuple[list[float], int, float]:
         if protocol is None:
             from load_protocols import drive_grpc
 
             return asyncio.run(drive_grpc(grpc_port, bodies, args.clients, seconds, 10**9))
-        return asyncio.run(
-            load.drive(port, bodies, args.clients, seconds, 10**9, protocol=protocol)
-        )
+        return asyncio.run(load.drive(to, bodies, args.clients, seconds, 10**9, protocol=protocol))
 
     with tempfile.TemporaryDirectory() as tmp, load.Server(args.model_dir, port, env) as server:
         server.wait_ready()
