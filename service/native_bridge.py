@@ -261,11 +261,12 @@ class NativeBridge:
         served = self.worker.model
         if served is self._model:
             return False
-        self._model = served
         config = front_config(served, self.settings, self.upstream)
-        if config == self._config:  # e.g. only the threshold changed: the answers carry it
+        if config != self._config:  # else e.g. only the threshold changed: the answers carry it
+            self.front.configure(config)  # raises: tried again at the next turn of the loop
+        self._model = served
+        if config == self._config:
             return False
-        self.front.configure(config)
         old_shape = self._config["input_shape"]
         self._config = config
         self.generation += 1
@@ -276,15 +277,14 @@ class NativeBridge:
         return config["input_shape"] != old_shape
 
     def _submit(self, batch: Batch, images: np.ndarray) -> None:
-        """The batch as one job of the worker; answered from the worker's answer thread, which
-        frees the slot."""
+        """The batch as one job of the worker (its slot is freed when its engine call starts, or
+        when it ends without one); answered from the worker's answer thread."""
         table = self._tables.get(batch.generation)
         if table is None or table[1] != self._tables[self.generation][1]:
             self._fail(batch.batch_id, QueueFull(REPLACED))
             self._slots.release()
             return
-        # a tensor of torch's own (64-byte aligned): the buffer is the next batch's
-        x = torch.from_numpy(images[: batch.n]).clone()
+        x = torch.from_numpy(images[: batch.n]).clone()  # the buffer is the next batch's
         slot = Slot(self._slots)
         with self._settled_cond:
             self._outstanding += 1
