@@ -132,6 +132,9 @@ def front_config(served: ServedModel, settings: Settings, upstream: str) -> dict
         ),
         "busy_body": body(BUSY, QueueFull.code),
         "max_connections": settings.native_max_connections,
+        # as the main port: an idle keep-alive connection, a request whose bytes stop coming
+        "idle_timeout_ms": settings.keep_alive_timeout_s * 1000,
+        "read_timeout_ms": int(settings.body_read_timeout_s * 1000),
         "access_log": access_log_format(settings),
         "pid": os.getpid(),
         "latency_buckets": list(LATENCY_BUCKETS),

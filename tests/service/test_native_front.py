@@ -191,6 +191,24 @@ def test_column_answers_are_the_bytes_of_the_per_image_answers(
     assert any(flags) and not all(flags)
 
 
+def test_the_front_end_takes_the_main_port_s_timeouts_and_limits(tiny_model_dir: Path) -> None:
+    """The configuration the front end starts with carries the service's settings: keep-alive and
+    read timeouts (the crate's own tests check what it does with them), limits, K bounds."""
+    from bayesgate.service.native_bridge import front_config
+
+    settings = Settings(
+        model_dir=tiny_model_dir, native_port=9002, keep_alive_timeout_s=7,
+        body_read_timeout_s=2.5, native_max_connections=11, max_instances=9, max_mc_samples=40,
+    )  # fmt: skip
+    config = front_config(load_served_model(tiny_model_dir, "cpu"), settings, "127.0.0.1:8000")
+    assert (config["idle_timeout_ms"], config["read_timeout_ms"]) == (7000, 2500)
+    assert (config["max_connections"], config["max_instances"], config["max_mc_samples"]) == (
+        11, 9, 40,
+    )  # fmt: skip
+    assert config["port"] == 9002 and config["upstream"] == "127.0.0.1:8000"
+    assert config["model_name"] == "tiny-mlp" and config["input_shape"] == [1, 28, 28]
+
+
 # --- in one process: the bridge with a worker ----------------------------------------------------
 
 

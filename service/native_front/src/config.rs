@@ -86,7 +86,16 @@ pub struct Config {
     pub pid: u64,
     /// Upper bounds (seconds, strictly ascending) of the latency histogram (start value only).
     pub latency_buckets: Vec<f64>,
+    /// An idle keep-alive connection is closed after this (`idle_timeout_ms`, default 75 s;
+    /// start value only).
+    pub idle_timeout: Duration,
+    /// Longest wait for the next bytes of a request on its way (`read_timeout_ms`, default
+    /// 75 s; start value only); the connection is closed after it.
+    pub read_timeout: Duration,
 }
+
+/// `idle_timeout_ms` / `read_timeout_ms` when the start configuration does not give them.
+pub const DEFAULT_TIMEOUT_MS: u64 = 75_000;
 
 /// Itemsize of an OIP datatype the front end can slice.
 pub fn itemsize(datatype: &str) -> Option<usize> {
@@ -109,6 +118,18 @@ fn string(root: &Value<'_>, key: &str) -> Result<String, String> {
         .ok_or_else(|| format!("config: {key:?} must be a string"))
 }
 
+/// An optional positive number of milliseconds (`default` when the key is absent).
+fn millis(root: &Value<'_>, key: &str, default: u64) -> Result<Duration, String> {
+    let ms = match root.get(key) {
+        None => default,
+        Some(_) => uint(root, key)?,
+    };
+    if ms == 0 {
+        return Err(format!("config: {key:?} must be positive"));
+    }
+    Ok(Duration::from_millis(ms))
+}
+
 fn uint(root: &Value<'_>, key: &str) -> Result<u64, String> {
     field(root, key)?
         .as_plain_u64()
@@ -122,6 +143,8 @@ struct StartOnly {
     upstream: String,
     max_connections: usize,
     latency_buckets: Vec<f64>,
+    idle_timeout: Duration,
+    read_timeout: Duration,
 }
 
 impl StartOnly {
@@ -152,6 +175,8 @@ impl StartOnly {
             upstream: string(root, "upstream")?,
             max_connections,
             latency_buckets,
+            idle_timeout: millis(root, "idle_timeout_ms", DEFAULT_TIMEOUT_MS)?,
+            read_timeout: millis(root, "read_timeout_ms", DEFAULT_TIMEOUT_MS)?,
         })
     }
 
@@ -162,6 +187,8 @@ impl StartOnly {
             upstream: cfg.upstream.clone(),
             max_connections: cfg.max_connections,
             latency_buckets: cfg.latency_buckets.clone(),
+            idle_timeout: cfg.idle_timeout,
+            read_timeout: cfg.read_timeout,
         }
     }
 }
@@ -272,6 +299,8 @@ impl Config {
             upstream: fixed.upstream,
             max_connections: fixed.max_connections,
             latency_buckets: fixed.latency_buckets,
+            idle_timeout: fixed.idle_timeout,
+            read_timeout: fixed.read_timeout,
             busy_body: string(&root, "busy_body")?,
             access_log,
             pid: uint(&root, "pid")?,

@@ -518,3 +518,60 @@ fn latency_histogram_counts_native_answers() {
     py.join().unwrap();
     finish(h);
 }
+
+#[test]
+fn idle_and_read_timeouts_close_the_connection() {
+    // keep-alive idle 300 ms, a request on its way 600 ms (the service's keep_alive_timeout_s and
+    // body_read_timeout_s); the defaults (75 s) when the keys are absent
+    let h = start(&config(
+        "127.0.0.1:9",
+        &[(
+            "\"pid\":4242",
+            "\"pid\":4242,\"idle_timeout_ms\":300,\"read_timeout_ms\":600",
+        )],
+    ));
+    let cfg = server(h).shared.config();
+    assert_eq!(
+        (cfg.idle_timeout, cfg.read_timeout),
+        (Duration::from_millis(300), Duration::from_millis(600))
+    );
+    let port = unsafe { bgf_port(h.0) };
+
+    // an idle connection (nothing sent) is closed after the idle timeout, not before
+    let mut idle = connect(port);
+    let began = Instant::now();
+    let mut got = Vec::new();
+    idle.read_to_end(&mut got).unwrap();
+    let waited = began.elapsed();
+    assert!(
+        got.is_empty() && waited >= Duration::from_millis(250) && waited < Duration::from_secs(5),
+        "{waited:?}"
+    );
+
+    // half a head, then silence: closed after the read timeout (longer than the idle one)
+    let mut slow = connect(port);
+    slow.write_all(b"POST /v2/models/m/infer HTTP/1.1\r\nHost: t\r\n")
+        .unwrap();
+    let began = Instant::now();
+    let mut got = Vec::new();
+    slow.read_to_end(&mut got).unwrap();
+    let waited = began.elapsed();
+    assert!(
+        got.is_empty() && waited >= Duration::from_millis(550) && waited < Duration::from_secs(5),
+        "{waited:?}"
+    );
+    wait_until("no open connection", || stats(h)[10] == 0);
+    finish(h);
+
+    let h = start(&config("127.0.0.1:9", &[]));
+    let cfg = server(h).shared.config();
+    assert_eq!(
+        (cfg.idle_timeout, cfg.read_timeout),
+        (Duration::from_secs(75), Duration::from_secs(75))
+    );
+    finish(h);
+    let bad = config("127.0.0.1:9", &[("\"pid\":4242", "\"pid\":4242,\"idle_timeout_ms\":0")]);
+    assert!(crate::config::Config::parse(bad.as_bytes())
+        .unwrap_err()
+        .contains("idle_timeout_ms"));
+}

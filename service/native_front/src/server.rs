@@ -30,8 +30,18 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-/// Idle keep-alive timeout (and the read timeout while a request arrives).
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(75);
+/// The socket's read timeout, set only when it changes (idle between requests: the keep-alive
+/// timeout; a request on its way: the read timeout).
+struct ReadTimeout(Option<Duration>);
+
+impl ReadTimeout {
+    fn set(&mut self, stream: &TcpStream, timeout: Duration) {
+        if self.0 != Some(timeout) {
+            let _ = stream.set_read_timeout(Some(timeout));
+            self.0 = Some(timeout);
+        }
+    }
+}
 
 /// Most threads answering connections over the limit at once; past it the 503 is written by
 /// the acceptor itself, without the graceful drain.
@@ -404,7 +414,11 @@ fn enter_idle(shared: &Shared, slot: &ConnSlot) -> bool {
 /// Serve one connection until it closes.
 fn serve_connection(shared: &Shared, stream: &mut TcpStream, slot: &ConnSlot, client: &str) {
     let _ = stream.set_nodelay(true);
-    let _ = stream.set_read_timeout(Some(IDLE_TIMEOUT));
+    let (idle_timeout, read_timeout) = {
+        let cfg = shared.config(); // start values: the same in every generation
+        (cfg.idle_timeout, cfg.read_timeout)
+    };
+    let mut timeout = ReadTimeout(None);
     let stats = &shared.stats;
     let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
     loop {
@@ -428,6 +442,7 @@ fn serve_connection(shared: &Shared, stream: &mut TcpStream, slot: &ConnSlot, cl
             if idle && !enter_idle(shared, slot) {
                 return;
             }
+            timeout.set(stream, if idle { idle_timeout } else { read_timeout });
             let r = read_more(stream, &mut buf, 0);
             if idle {
                 slot.state.store(BUSY, Ordering::SeqCst);
@@ -438,6 +453,7 @@ fn serve_connection(shared: &Shared, stream: &mut TcpStream, slot: &ConnSlot, cl
             }
         };
         let arrival = Instant::now();
+        timeout.set(stream, read_timeout); // the body, or the relayed rest of the request
         let cfg = shared.config();
         let unframeable = |stream: &mut TcpStream, status: u16, body: &str| {
             let id = request_id::new_id();
