@@ -69,7 +69,7 @@ from bayesgate.service.oip_binary import HEADER_NAME, check_consumed, split_body
 from bayesgate.service.prediction import Prediction
 from bayesgate.service.request_body import parse_json
 from bayesgate.service.schemas import MAX_SEED
-from bayesgate.service.served_model import ServedModel
+from bayesgate.service.served_model import ModelRef, ServedModel
 from bayesgate.service.settings import Settings
 
 INPUT_NAME = "input"
@@ -503,21 +503,36 @@ def _outputs(request: InferRequest, served: ServedModel) -> list[str]:
 def infer_response(predictions: list[Prediction], request: ParsedInfer, k: int) -> dict[str, Any]:
     """The response body: the model, score and threshold are those of the model that computed
     the predictions (an admin change may land between the request's start and its batch)."""
-    model = predictions[0].model
+    first = predictions[0]
+    body = response_head(first.model, first.score_name, first.threshold, k, request.seed,
+                         request.request_id)  # fmt: skip
+    body["outputs"] = encode_outputs(predictions, request.outputs)
+    return body
+
+
+def response_head(
+    model: ModelRef,
+    score_name: str,
+    threshold: float,
+    k: int,
+    seed: int | None,
+    request_id: str | None = None,
+) -> dict[str, Any]:
+    """The response body's fields before ``outputs``, in their order (the native front end
+    writes the same head before its binary outputs)."""
     parameters: dict[str, Any] = {
         "mc_samples": k,
         "calibration_mc_samples": model.calibration_mc_samples,
-        "score_name": predictions[0].score_name,
-        "threshold": predictions[0].threshold,
+        "score_name": score_name,
+        "threshold": threshold,
         "weights_sha256": model.weights_sha256,
     }
-    if request.seed is not None:
-        parameters["seed"] = request.seed
+    if seed is not None:
+        parameters["seed"] = seed
     body: dict[str, Any] = {"model_name": model.name}
-    if request.request_id is not None:
-        body["id"] = request.request_id
+    if request_id is not None:
+        body["id"] = request_id
     body["parameters"] = parameters
-    body["outputs"] = encode_outputs(predictions, request.outputs)
     return body
 
 

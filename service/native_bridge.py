@@ -56,7 +56,7 @@ from bayesgate.service.errors import (
     error_body,
     status_of,
 )
-from bayesgate.service.inference_protocol import INPUT_NAME, output_table
+from bayesgate.service.inference_protocol import INPUT_NAME, output_table, response_head
 from bayesgate.service.metrics import LATENCY_BUCKETS
 from bayesgate.service.native import Batch, NativeFront, load_library
 from bayesgate.service.native_build import library_path
@@ -144,19 +144,10 @@ def front_config(served: ServedModel, settings: Settings, upstream: str) -> dict
 def answer_prefix(
     ref: ModelRef, score_name: str, threshold: float, k: int, seed: int | None
 ) -> bytes:
-    """The response's JSON header up to ``"outputs":[`` — the fields of
-    :func:`~bayesgate.service.inference_protocol.infer_response` in its order (no ``id``:
-    requests with one are the service's)."""
-    parameters: dict[str, Any] = {
-        "mc_samples": k,
-        "calibration_mc_samples": ref.calibration_mc_samples,
-        "score_name": score_name,
-        "threshold": threshold,
-        "weights_sha256": ref.weights_sha256,
-    }
-    if seed is not None:
-        parameters["seed"] = seed
-    head = orjson.dumps({"model_name": ref.name, "parameters": parameters, "outputs": []})
+    """The response's JSON up to ``"outputs":[``: the service's own head
+    (:func:`~bayesgate.service.inference_protocol.response_head`; no ``id``: requests with one are
+    the service's)."""
+    head = orjson.dumps({**response_head(ref, score_name, threshold, k, seed), "outputs": []})
     return head[:-2]  # without "]}"
 
 

@@ -2,7 +2,7 @@
 
 The front end is the Rust crate in ``service/native_front/`` (std only: no crates, so it builds
 offline). It installs with the package as source; the shared library is built with ``cargo`` on
-first use (``bayesgate build-native``, or ``serve --native-port`` when it is missing; about 2 s)
+first use (``bayesgate build-native``, or ``serve --native-port`` when it is missing; a few seconds)
 into the user cache, one directory per digest of the crate's sources:
 
     $XDG_CACHE_HOME/bayesgate/native/<digest>/libbgfront.so   (~/.cache/… when unset)

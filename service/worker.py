@@ -110,7 +110,7 @@ class Job:
     requests: int = 1  # HTTP requests it answers (a native front end's batch is several)
     gathered: bool = False  # already a batch (the native front end's): run without waiting
     columnar: bool = False  # answered with a ColumnAnswer (no per-image Prediction)
-    on_start: Callable[[], None] | None = None  # called (worker thread) as its engine call starts
+    on_start: Callable[[], None] | None = None  # called (worker thread) as its batch is taken
     future: concurrent.futures.Future[list[Prediction] | ColumnAnswer] = field(
         default_factory=concurrent.futures.Future
     )
@@ -393,8 +393,9 @@ class BatchWorker:
         For jobs that are batches already (the native front end's): ``requests`` is how many
         requests the job answers (counted in the stats and metrics); ``gathered`` runs it without
         waiting up to ``max_queue_delay`` for more jobs (those already queued still join it);
-        ``on_start`` is called in the worker thread when its engine call starts — the moment to
-        form the next batch, so that it waits in the queue, ready when the engine is free;
+        ``on_start`` is called in the worker thread when its batch is taken for computing (before
+        the batch's engine calls) — the moment to form the next batch, so that it waits in the
+        queue, ready when the engine is free;
         ``columnar`` answers it with one :class:`~bayesgate.service.prediction.ColumnAnswer`
         instead of a :class:`~bayesgate.service.prediction.Prediction` per image."""
         if not self.running:
