@@ -294,15 +294,24 @@ def test_answers_are_counted_logged_and_exported(
     registry = CollectorRegistry()
     registry.register(NativeCollector(bridge.front))
     text = generate_latest(registry).decode()
+    # outcomes are counted before an answer is written, so they are exact once it has arrived
     assert metric(text, "bayesgate_native_requests_total", 'outcome="answered"') == 3
     assert metric(text, "bayesgate_native_requests_total", 'outcome="relayed"') == 1
     assert metric(text, "bayesgate_native_requests_total", 'outcome="upstream_unreachable"') == 1
     assert metric(text, "bayesgate_native_images_total") == 6
+    # the latency histogram and the access log come after the write (the duration includes it)
+    deadline = time.monotonic() + 10
+    while (metric(text, "bayesgate_native_request_duration_seconds_count") < 4
+           and time.monotonic() < deadline):  # fmt: skip
+        time.sleep(0.01)
+        text = generate_latest(registry).decode()
     assert metric(text, "bayesgate_native_request_duration_seconds_count") == 4
     assert metric(text, "bayesgate_native_request_duration_seconds_bucket", 'le="+Inf"') == 4
-    time.sleep(0.2)
-    lines = [json.loads(line) for line in capfd.readouterr().err.splitlines()
-             if '"front": "native"' in line]  # fmt: skip
+    lines: list[dict] = []
+    while len(lines) < 4 and time.monotonic() < deadline:
+        lines += [json.loads(line) for line in capfd.readouterr().err.splitlines()
+                  if '"front": "native"' in line]  # fmt: skip
+        time.sleep(0.01)
     answered = [r for r in lines if r["status"] == 200]
     assert [r["request_id"] for r in answered] == ids
     for r in answered:

@@ -108,47 +108,45 @@ pub fn upstream_head(head: &Head) -> Vec<u8> {
 pub enum RelayOutcome {
     /// The upstream response was forwarded (`bytes` of it).
     Forwarded(u64),
-    /// Upstream unreachable: a native 502 was sent (`sent` bytes of it written, 0 when the
-    /// write failed).
-    UpstreamDown {
-        /// Bytes of the 502 written.
-        sent: usize,
-    },
-    /// The chunked body was malformed and nothing came back: a native 400 was sent.
-    BadChunked {
-        /// Bytes of the 400 written.
-        sent: usize,
-    },
+    /// Upstream unreachable: nothing was written; the caller answers with a native 502
+    /// ([`native_answer`]), counting it before the client can see it.
+    UpstreamDown,
+    /// The chunked body was malformed and nothing came back: nothing was written; the caller
+    /// answers with a native 400 ([`native_answer`]).
+    BadChunked,
 }
 
-/// Write a native answer; the bytes written (0 when the write failed).
-fn write_native(client: &mut TcpStream, bytes: &[u8]) -> usize {
-    if client.write_all(bytes).is_ok() {
-        bytes.len()
-    } else {
-        0
+impl RelayOutcome {
+    /// The native answer a relay outcome calls for: its status and bytes (none when the
+    /// upstream's own response was forwarded).
+    pub fn native_answer(&self, request_id: &str) -> Option<(u16, Vec<u8>)> {
+        match self {
+            RelayOutcome::Forwarded(_) => None,
+            RelayOutcome::UpstreamDown => Some((
+                502,
+                http::json_response(502, UPSTREAM_DOWN_BODY.as_bytes(), request_id, true),
+            )),
+            RelayOutcome::BadChunked => Some((
+                400,
+                http::json_response(400, http::BAD_REQUEST_BODY.as_bytes(), request_id, true),
+            )),
+        }
     }
 }
 
 /// Relay one request. `buffered` holds the bytes already read after the head (the start of
-/// the body, maybe more); the rest of the body is read from `client`.
+/// the body, maybe more); the rest of the body is read from `client`. A native answer the
+/// outcome calls for is not written here ([`RelayOutcome::native_answer`]).
 pub fn relay(
     upstream: &str,
     client: &mut TcpStream,
     head: &Head,
     framing: Framing,
     buffered: &[u8],
-    request_id: &str,
 ) -> RelayOutcome {
     let mut up = match connect(upstream) {
         Ok(s) => s,
-        Err(_) => {
-            let sent = write_native(
-                client,
-                &http::json_response(502, UPSTREAM_DOWN_BODY.as_bytes(), request_id, true),
-            );
-            return RelayOutcome::UpstreamDown { sent };
-        }
+        Err(_) => return RelayOutcome::UpstreamDown,
     };
     let _ = up.set_nodelay(true);
     let _ = up.set_read_timeout(Some(UPSTREAM_READ_TIMEOUT));
@@ -215,11 +213,7 @@ pub fn relay(
     }
     let forwarded = copier.map(|c| c.join().unwrap_or(0)).unwrap_or(0);
     if malformed && forwarded == 0 {
-        let sent = write_native(
-            client,
-            &http::json_response(400, http::BAD_REQUEST_BODY.as_bytes(), request_id, true),
-        );
-        return RelayOutcome::BadChunked { sent };
+        return RelayOutcome::BadChunked;
     }
     RelayOutcome::Forwarded(forwarded)
 }

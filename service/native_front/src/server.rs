@@ -18,7 +18,7 @@ use crate::fast_path::{check_body, check_head};
 use crate::histogram::Histogram;
 use crate::http::{self, find_head_end, Framing, Head, MAX_HEAD};
 use crate::peer::{self, Fd, Peek};
-use crate::relay::{self, RelayOutcome};
+use crate::relay;
 use crate::request_id;
 use crate::stats::{Gauge, InFlight, Stats};
 use std::collections::HashMap;
@@ -515,14 +515,9 @@ fn serve_connection(shared: &Shared, stream: &mut TcpStream, slot: &ConnSlot, cl
             stats.relayed_requests.fetch_add(1, Ordering::Relaxed);
             let outcome = {
                 let _in_flight = Gauge::up(&stats.relays_in_flight);
-                relay::relay(&cfg.upstream, stream, &head, framing, &buf[end..], &request_id)
+                relay::relay(&cfg.upstream, stream, &head, framing, &buf[end..])
             };
-            let native = match outcome {
-                RelayOutcome::Forwarded(_) => None,
-                RelayOutcome::UpstreamDown { sent } => Some((502, sent)),
-                RelayOutcome::BadChunked { sent } => Some((400, sent)),
-            };
-            if let Some((status, sent)) = native {
+            if let Some((status, bytes)) = outcome.native_answer(&request_id) {
                 let a = Answered {
                     request_id: &request_id,
                     method: &method,
@@ -532,8 +527,7 @@ fn serve_connection(shared: &Shared, stream: &mut TcpStream, slot: &ConnSlot, cl
                     arrival,
                     client,
                 };
-                shared.count_status(status, false);
-                shared.observe(&cfg, &a, sent);
+                shared.answer(&cfg, stream, &bytes, &a, false); // counted before it is written
             }
             close_gracefully(stream);
             return;
