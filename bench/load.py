@@ -686,6 +686,24 @@ def summary(batched: list[dict[str, Any]], ratios: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def thread_table(rows: list[dict[str, Any]], floor: float = 0.005) -> str:
+    """The server's CPU ms per image by OS thread name, one line per server mode (threads under
+    ``floor`` left out; ``ended``: threads that ended in the window, e.g. the native front end's
+    connection threads when the clients hang up). ``bg-worker`` computes, ``bg-answers`` builds
+    the answers (measures, detector scores), ``bg-native`` feeds the native front end's batches
+    to the worker, ``bgfront-*`` are its Rust threads, and the process's own name
+    (``bayesgate``) is the event loop and every other Python thread."""
+    lines = ["server CPU ms/img by thread"]
+    for r in rows:
+        by_name = r.get("cpu_ms_by_thread_name")
+        if not by_name:
+            continue
+        parts = {**by_name, "ended": r.get("cpu_ms_threads_ended", 0.0)}
+        shown = sorted(((v, k) for k, v in parts.items() if v >= floor), reverse=True)
+        lines.append(f"  {r['mode']:<28}" + "  ".join(f"{k} {v:.3f}" for v, k in shown))
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -760,6 +778,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [*batched, *single, *engines.values(), *served.values()]
     print(table(rows))
     print(summary(batched, ratios))
+    print(thread_table([*batched, *single]))
     print(f"load average at the start {load_start:.1f}, at the end {os.getloadavg()[0]:.1f}")
     if args.json:
         args.json.write_text(

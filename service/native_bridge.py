@@ -48,6 +48,7 @@ from prometheus_client.core import (
     Metric,
 )
 
+from bayesgate.service import thread_names
 from bayesgate.service.deps import default_mc_samples
 from bayesgate.service.errors import (
     DeadlineExceeded,
@@ -212,7 +213,7 @@ class NativeBridge:
         self._slots = threading.Semaphore(self.in_flight)
         self._outstanding = 0  # batches submitted to the worker and not yet answered
         self._settled_cond = threading.Condition()
-        self._thread = threading.Thread(target=self._run, name="native-bridge", daemon=True)
+        self._thread = thread_names.thread(self._run, "native-bridge", os_name="bg-native")
 
     @staticmethod
     def _table(config: dict[str, Any]) -> tuple[list[tuple[str, str]], tuple[int, ...]]:

@@ -113,6 +113,10 @@ def test_a_short_run_measures_a_real_server_and_the_engine(
         batched["cpu_ms_per_request"] - sum(by_name.values())
     )
     assert batched["cpu_ms_threads_ended"] >= -slack
+    # the worker's threads carry OS names of their own, so the split shows them apart
+    assert by_name.get("bg-worker", 0) > 0 and "bg-answers" in by_name
+    line = next(x for x in printed.splitlines() if x.startswith("  /v2 binary  "))
+    assert f"bg-worker {by_name['bg-worker']:.3f}" in line
     assert 1.0 <= batched["mean_batch"] <= 8.0
     engine = rows[f"engine B={max(1, round(batched['mean_batch']))}"]
     assert batched["cpu_ms_outside_model"] == pytest.approx(

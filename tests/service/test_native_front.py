@@ -278,6 +278,8 @@ def test_answers_are_counted_logged_and_exported(
     from bayesgate.service.native_bridge import NativeCollector
 
     bridge, worker, _ = native
+    thread = Path(f"/proc/self/task/{bridge._thread.native_id}/comm")
+    assert thread.read_text().strip() == "bg-native"  # its own line in top -H and bench/load.py
     done = worker.stats.snapshot()["requests_succeeded"]  # the fixture's warm-up
     name = worker.model.name
     x = torch.rand(2, 1, 28, 28, generator=torch.Generator().manual_seed(1))
