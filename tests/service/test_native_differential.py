@@ -263,3 +263,27 @@ def test_garbage_on_the_native_socket_gets_4xx_or_a_close_and_the_port_keeps_ser
     a, b = post(server.port, path, body, headers), post(native_port, path, body, headers)
     assert a[0] == b[0] == 200 and a[1] == b[1]
     assert server.proc.poll() is None
+
+
+def test_a_half_closed_client_is_answered_on_neither_port(both_ports: tuple[Server, int]) -> None:
+    """A client that shuts its sending side after a whole request is taken as gone by the main
+    port (uvicorn ends the connection at the end of stream) and by the native port alike."""
+    server, native_port = both_ports
+    name = json.loads((BUNDLED / "card.json").read_text())["name"]
+    body, headers = encode(valid_request(random.Random(2)), "")
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    request = (
+        f"POST /v2/models/{name}/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+        f"{head}\r\n"
+    ).encode() + body
+    for port in [server.port, native_port] * 3:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(request)
+            s.shutdown(socket.SHUT_WR)
+            reply = b""
+            while chunk := s.recv(65536):
+                reply += chunk
+        assert reply == b"", (port, reply[:200])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(request)  # the same request, the connection kept open: answered
+            assert s.recv(12) == b"HTTP/1.1 200"
