@@ -14,11 +14,15 @@ Per batch size B, from one engine output (``K`` passes with features, one torch 
 - ``classes``: distinct predicted classes in the batch (one kernel-density group each);
 - ``ms/img``: wall time per image of ``predictions`` repeated for ``--seconds``, the same output
   each time (cache-warm; the worker's answers come right after a fresh engine call and cost more:
-  ``bench/engine_interference.py --step answer-after-engine``).
+  ``bench/engine_interference.py --step answer-after-engine``);
+- ``after N MB`` (``--flush-mb N,…``): the same, with N MB written between calls (not timed), so
+  each call starts with the caches that much colder (this machine: 1 MB L2 per core, a 32 MB
+  L3).
 
 Run it with each version's interpreter (a worktree's ``.venv``) to compare two versions:
 
     python bench/answer_cost.py --batches 1,16,32 --json out.json
+    python bench/answer_cost.py --batches 10 --flush-mb 4,16,32,64
 """
 
 from __future__ import annotations
@@ -91,6 +95,20 @@ def ms_per_image(step: Any, batch: int, seconds: float) -> float:
     return 1000 * (time.perf_counter() - start) / (calls * batch)
 
 
+def ms_per_image_flushed(step: Any, batch: int, seconds: float, mb: int) -> float:
+    """:func:`ms_per_image` with ``mb`` MB written (untimed) before each call."""
+    junk = torch.zeros(mb * 2**20 // 4)
+    step()
+    calls, timed, start = 0, 0.0, time.perf_counter()
+    while calls < 5 or time.perf_counter() - start < seconds:
+        junk.add_(1.0)
+        t = time.perf_counter()
+        step()
+        timed += time.perf_counter() - t
+        calls += 1
+    return 1000 * timed / (calls * batch)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -99,8 +117,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", default="1,16,32")
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--seconds", type=float, default=2.0, help="timing per batch size (≤ 30)")
+    p.add_argument("--flush-mb", default="", help="also time with N MB written between calls")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
+    try:
+        flushes = [int(n) for n in args.flush_mb.split(",") if n.strip()]
+    except ValueError:
+        p.error(f"--flush-mb: a comma-separated list of whole MB, got {args.flush_mb!r}")
+    if any(not 0 < n <= 1024 for n in flushes):
+        p.error("--flush-mb: each in 1..1024")
     if not 0 < args.seconds <= 30:
         p.error("need 0 < --seconds ≤ 30")
     torch.set_num_threads(1)
@@ -121,7 +146,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{served.name}, K={args.k}, inputs {source}, features: {features}; "
         f"predictions from {module.__file__}; load average {os.getloadavg()[0]:.1f}"
     )
-    print(f"{'B':>4}{'classes':>9}{'torch calls':>13}{'aten ops':>10}{'py calls':>10}{'ms/img':>9}")
+    flush_head = "".join(f"{f'after {n} MB':>13}" for n in flushes)
+    print(
+        f"{'B':>4}{'classes':>9}{'torch calls':>13}{'aten ops':>10}{'py calls':>10}{'ms/img':>9}"
+        + flush_head
+    )
     rows = []
     for batch in batches:
         x = x_all[:batch]
@@ -136,10 +165,14 @@ def main(argv: list[str] | None = None) -> int:
         classes = int(probs.mean(1).argmax(-1).unique().numel())
         row = {"batch": batch, "classes": classes, **counts(step)}
         row["ms_per_image"] = ms_per_image(step, batch, args.seconds)
+        row["ms_per_image_after_flush"] = {
+            str(n): ms_per_image_flushed(step, batch, args.seconds, n) for n in flushes
+        }
         rows.append(row)
+        flushed = "".join(f"{v:>13.3f}" for v in row["ms_per_image_after_flush"].values())
         print(
             f"{batch:>4}{classes:>9}{row['torch_calls']:>13}{row['aten_ops']:>10}"
-            f"{row['py_calls']:>10}{row['ms_per_image']:>9.3f}",
+            f"{row['py_calls']:>10}{row['ms_per_image']:>9.3f}" + flushed,
             flush=True,
         )
     if args.json:
