@@ -12,7 +12,6 @@ the native port's socket: every reply is a 4xx or a closed connection, and the p
 from __future__ import annotations
 
 import copy
-import http.client
 import json
 import random
 import socket
@@ -25,6 +24,7 @@ import pytest
 
 from bayesgate.service.native_build import find_cargo
 from tests.service.serve_process import Server, free_port, start_server
+from tests.service.test_native_front import post
 
 BUNDLED = Path(__file__).resolve().parents[2] / "models" / "pretrained" / "bayesgate-robust"
 CASES = 400
@@ -161,16 +161,6 @@ def layout(body: bytes, headers: dict[str, str]) -> tuple:
     for output in head.get("outputs", []):
         output.pop("data", None)
     return json.dumps(head, sort_keys=True), len(body) - hcl
-
-
-def post(port: int, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes, dict]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    try:
-        conn.request("POST", path, body=body, headers=headers)
-        r = conn.getresponse()
-        return r.status, r.read(), {k.lower(): v for k, v in r.getheaders()}
-    finally:
-        conn.close()
 
 
 @pytest.fixture(scope="module")
