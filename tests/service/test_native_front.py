@@ -78,9 +78,10 @@ def metric(text: str, name: str, labels: str = "") -> float:
 
 @needs_cargo
 def test_the_crate_s_own_tests_pass() -> None:
-    """``cargo test`` of the crate: its JSON parser, the fast-path rules one by one, the response
-    bytes, batching, generations, the access-log line and the clock, and loopback round trips
-    through the C ABI (pipelining, relay, connection limit, drain, 400/431/502/503/504)."""
+    """``cargo test`` of the crate: its JSON parser, the fast-path rules one by one, mutation
+    fuzzing of the parsers, the response bytes, batching, generations, the access-log line and
+    the clock, and loopback round trips through the C ABI (pipelining, relay, connection limit,
+    drain, 400/431/502/503/504)."""
     env = {**os.environ, "CARGO_TARGET_DIR": str(cache_root() / "target")}
     done = subprocess.run(
         [find_cargo(), "test", "--release", "--offline", "--quiet", "--", "--test-threads=2"],

@@ -27,6 +27,8 @@ pub mod server;
 pub mod stats;
 
 #[cfg(test)]
+mod fuzz_tests;
+#[cfg(test)]
 mod roundtrip_tests;
 #[cfg(test)]
 mod roundtrip_v2_tests;
