@@ -268,6 +268,8 @@ def test_a_half_closed_client_is_answered_on_neither_port(both_ports: tuple[Serv
     ).encode() + body
     for port in [server.port, native_port] * 3:
         with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            # corked: the request and the FIN leave together, however late this process runs
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
             s.sendall(request)
             s.shutdown(socket.SHUT_WR)
             reply = b""
