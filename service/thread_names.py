@@ -1,10 +1,10 @@
 """Threads the kernel can tell apart.
 
-Python (before 3.14) names a thread only for itself: ``top -H``, ``/proc/<pid>/task/*/comm``,
-``py-spy`` and ``bench/load.py``'s CPU by thread name all see every Python thread under the
-process's name. :func:`thread` starts its target under an OS name too (Linux ``prctl``
-``PR_SET_NAME``; at most 15 bytes, longer names are cut), so the service's worker, answer and
-native-bridge threads each show their own CPU.
+Python (before 3.14) names a thread only for itself: ``top -H``, ``/proc/<pid>/task/*/comm`` and
+``bench/load.py``'s CPU by thread name all see every Python thread under the process's name.
+:func:`thread` starts its target under an OS name too (Linux ``prctl`` ``PR_SET_NAME``; at most
+15 bytes, longer names are cut), so the service's worker, answer and native-bridge threads each
+show their own CPU.
 """
 
 from __future__ import annotations
