@@ -232,6 +232,7 @@ def test_garbage_on_the_native_socket_gets_4xx_or_a_close_and_the_port_keeps_ser
     rng = random.Random(7)
     cases = [*GARBAGE, *(bytes(rng.randrange(256) for _ in range(rng.randint(1, 400)))
                          for _ in range(60))]  # fmt: skip
+    replies: list[bytes] = []
     for i, data in enumerate(cases):
         with socket.create_connection(("127.0.0.1", native_port), timeout=5) as s:
             reply = b""
@@ -246,6 +247,12 @@ def test_garbage_on_the_native_socket_gets_4xx_or_a_close_and_the_port_keeps_ser
         if reply:
             status = int(reply.split(b" ", 2)[1])
             assert 400 <= status < 500, (data[:100], reply[:300])
+        replies.append(reply)
+    # a head that cannot be framed gets a 400 naming the problem
+    assert b"malformed HTTP request: Content-Length is not a number" in replies[2]
+    assert b"malformed HTTP request: Content-Length values that differ" in replies[4]
+    assert b"malformed HTTP request: HTTP version other than" in replies[7]
+    assert replies[8].startswith(b"HTTP/1.1 431 ")
     name = json.loads((BUNDLED / "card.json").read_text())["name"]
     req = valid_request(random.Random(1))
     body, headers = encode(req, "")

@@ -7,9 +7,10 @@ pub const MAX_HEAD: usize = 64 * 1024;
 
 /// Body of the 431 answered when the head is over [`MAX_HEAD`].
 pub const HEAD_TOO_LARGE_BODY: &str = "{\"error\":\"request head too large\"}";
-/// Body of the 400 answered when the request cannot be framed (bad request line, header
-/// syntax, Content-Length or chunked encoding): such a request cannot be relayed.
-pub const BAD_REQUEST_BODY: &str = "{\"error\":\"malformed HTTP request\"}";
+/// Body of the 400 answered when a relayed request's chunked body is malformed and the service
+/// answered nothing (a head that cannot be framed gets [`HeadError::body`], naming the problem).
+pub const BAD_CHUNKED_BODY: &str =
+    "{\"error\":\"malformed HTTP request: a chunked body that does not follow RFC 9112\"}";
 
 /// One header line of a request head (byte ranges into [`Head::raw`]).
 #[derive(Debug, Clone)]
@@ -53,9 +54,26 @@ pub enum Framing {
 /// Why a head cannot be used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HeadError {
-    /// Syntax error or unusable framing → native 400 and close.
-    Malformed,
+    /// Syntax error or unusable framing → native 400 (naming the problem) and close.
+    Malformed(&'static str),
 }
+
+impl HeadError {
+    /// The native 400's JSON body: `{"error":"malformed HTTP request: <what>"}`.
+    pub fn body(&self) -> String {
+        let HeadError::Malformed(what) = self;
+        format!("{{\"error\":\"malformed HTTP request: {what}\"}}")
+    }
+}
+
+const LINE_ENDING: HeadError = HeadError::Malformed("a line of the head does not end in CRLF");
+const REQUEST_LINE: HeadError = HeadError::Malformed("the request line is not 'METHOD target HTTP/1.x'");
+const VERSION: HeadError = HeadError::Malformed("HTTP version other than HTTP/1.1 or HTTP/1.0");
+const HEADER_LINE: HeadError =
+    HeadError::Malformed("a header line is not 'Name: value' (or holds a control character)");
+const TRANSFER_ENCODING: HeadError = HeadError::Malformed("Transfer-Encoding whose last coding is not chunked");
+const CONTENT_LENGTH: HeadError = HeadError::Malformed("Content-Length is not a number of at most 19 digits");
+const CONTENT_LENGTHS: HeadError = HeadError::Malformed("Content-Length values that differ");
 
 fn is_tchar(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
@@ -84,14 +102,14 @@ pub fn find_head_end(buf: &[u8], from: usize) -> Option<usize> {
 impl Head {
     /// Parse a head (`raw` ends with `\r\n\r\n`).
     pub fn parse(raw: Vec<u8>) -> Result<Head, HeadError> {
-        let end = raw.len().checked_sub(4).ok_or(HeadError::Malformed)?;
+        let end = raw.len().checked_sub(4).ok_or(LINE_ENDING)?;
         let mut lines = Vec::new();
         let mut pos = 0;
         while pos <= end {
             let rel = raw[pos..end + 2]
                 .windows(2)
                 .position(|w| w == b"\r\n")
-                .ok_or(HeadError::Malformed)?;
+                .ok_or(LINE_ENDING)?;
             lines.push(pos..pos + rel);
             pos += rel + 2;
             if pos >= end + 2 {
@@ -99,15 +117,15 @@ impl Head {
             }
         }
         let mut iter = lines.into_iter();
-        let rl = iter.next().ok_or(HeadError::Malformed)?;
+        let rl = iter.next().ok_or(REQUEST_LINE)?;
         let line = &raw[rl.clone()];
         if line.iter().any(|&b| b == b'\r' || b == b'\n') {
-            return Err(HeadError::Malformed);
+            return Err(LINE_ENDING);
         }
-        let sp1 = line.iter().position(|&b| b == b' ').ok_or(HeadError::Malformed)?;
-        let sp2 = line.iter().rposition(|&b| b == b' ').ok_or(HeadError::Malformed)?;
+        let sp1 = line.iter().position(|&b| b == b' ').ok_or(REQUEST_LINE)?;
+        let sp2 = line.iter().rposition(|&b| b == b' ').ok_or(REQUEST_LINE)?;
         if sp2 <= sp1 + 1 || sp1 == 0 {
-            return Err(HeadError::Malformed);
+            return Err(REQUEST_LINE);
         }
         let method = rl.start..rl.start + sp1;
         let target = rl.start + sp1 + 1..rl.start + sp2;
@@ -115,22 +133,22 @@ impl Head {
         if !raw[method.clone()].iter().all(|&b| is_tchar(b))
             || raw[target.clone()].iter().any(|&b| b <= b' ' || b == 0x7f)
         {
-            return Err(HeadError::Malformed);
+            return Err(REQUEST_LINE);
         }
         let http11 = match version {
             b"HTTP/1.1" => true,
             b"HTTP/1.0" => false,
-            _ => return Err(HeadError::Malformed),
+            _ => return Err(VERSION),
         };
         let mut headers = Vec::new();
         for l in iter {
             let bytes = &raw[l.clone()];
             if bytes.iter().any(|&b| b == b'\r' || b == b'\n' || b == 0) {
-                return Err(HeadError::Malformed);
+                return Err(HEADER_LINE);
             }
-            let colon = bytes.iter().position(|&b| b == b':').ok_or(HeadError::Malformed)?;
+            let colon = bytes.iter().position(|&b| b == b':').ok_or(HEADER_LINE)?;
             if colon == 0 || !bytes[..colon].iter().all(|&b| is_tchar(b)) {
-                return Err(HeadError::Malformed); // also catches obs-fold and space before ':'
+                return Err(HEADER_LINE); // also catches obs-fold and space before ':'
             }
             let name = l.start..l.start + colon;
             let value = trim_ows(&raw, l.start + colon + 1..l.end);
@@ -201,14 +219,14 @@ impl Head {
         if te_seen {
             return match te_last {
                 Some(t) if t.eq_ignore_ascii_case(b"chunked") => Ok(Framing::Chunked),
-                _ => Err(HeadError::Malformed),
+                _ => Err(TRANSFER_ENCODING),
             };
         }
         let mut length: Option<u64> = None;
         for v in self.values("content-length") {
-            let n = parse_digits(v, 19).ok_or(HeadError::Malformed)?;
+            let n = parse_digits(v, 19).ok_or(CONTENT_LENGTH)?;
             if length.is_some_and(|l| l != n) {
-                return Err(HeadError::Malformed);
+                return Err(CONTENT_LENGTHS);
             }
             length = Some(n);
         }
@@ -329,22 +347,50 @@ mod tests {
 
     #[test]
     fn rejects_bad_heads() {
-        for s in [
-            "POST /x HTTP/2.0\r\n\r\n",
-            "POST  HTTP/1.1\r\n\r\n",
-            "POST /x HTTP/1.1\r\nBad Header: 1\r\n\r\n",
-            "POST /x HTTP/1.1\r\n folded\r\n\r\n",
-            "POST /x HTTP/1.1\r\nNoColon\r\n\r\n",
-            "GARBAGE\r\n\r\n",
+        for (s, why) in [
+            ("POST /x HTTP/2.0\r\n\r\n", VERSION),
+            ("POST  HTTP/1.1\r\n\r\n", REQUEST_LINE),
+            ("POST /x HTTP/1.1\r\nBad Header: 1\r\n\r\n", HEADER_LINE),
+            ("POST /x HTTP/1.1\r\n folded\r\n\r\n", HEADER_LINE),
+            ("POST /x HTTP/1.1\r\nNoColon\r\n\r\n", HEADER_LINE),
+            ("POST /x HTTP/1.1\r\nX: a\x00b\r\n\r\n", HEADER_LINE),
+            ("GARBAGE\r\n\r\n", REQUEST_LINE),
+            ("POST /x HTTP/1.1\n\r\n", LINE_ENDING),
         ] {
-            assert!(head(s).is_err(), "{s:?}");
+            assert_eq!(head(s).err(), Some(why), "{s:?}");
         }
-        let h = head("POST /x HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n").unwrap();
-        assert!(h.framing().is_err());
-        let h = head("POST /x HTTP/1.1\r\nContent-Length: +1\r\n\r\n").unwrap();
-        assert!(h.framing().is_err());
-        let h = head("POST /x HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n").unwrap();
-        assert!(h.framing().is_err());
+        for (s, why) in [
+            ("Content-Length: 1\r\nContent-Length: 2", CONTENT_LENGTHS),
+            ("Content-Length: +1", CONTENT_LENGTH),
+            ("Content-Length: 12345678901234567890", CONTENT_LENGTH),
+            ("Transfer-Encoding: gzip", TRANSFER_ENCODING),
+            ("Transfer-Encoding: chunked, gzip", TRANSFER_ENCODING),
+        ] {
+            let h = head(&format!("POST /x HTTP/1.1\r\n{s}\r\n\r\n")).unwrap();
+            assert_eq!(h.framing(), Err(why), "{s:?}");
+        }
+        // the 400's body names the problem, as JSON
+        let body = CONTENT_LENGTHS.body();
+        assert_eq!(
+            body,
+            r#"{"error":"malformed HTTP request: Content-Length values that differ"}"#
+        );
+        for why in [
+            LINE_ENDING,
+            REQUEST_LINE,
+            VERSION,
+            HEADER_LINE,
+            TRANSFER_ENCODING,
+            CONTENT_LENGTH,
+        ] {
+            let body = why.body();
+            let v = crate::json::parse(body.as_bytes(), crate::json::ParseOptions::STRICT).unwrap();
+            assert!(v
+                .get("error")
+                .and_then(|e| e.as_str())
+                .unwrap()
+                .starts_with("malformed"));
+        }
         let h =
             head("POST /x HTTP/1.1\r\nTransfer-Encoding: Chunked\r\nConnection: keep-alive, Close\r\n\r\n").unwrap();
         assert_eq!(h.framing(), Ok(Framing::Chunked));

@@ -128,7 +128,7 @@ impl RelayOutcome {
             )),
             RelayOutcome::BadChunked => Some((
                 400,
-                http::json_response(400, http::BAD_REQUEST_BODY.as_bytes(), request_id, true),
+                http::json_response(400, http::BAD_CHUNKED_BODY.as_bytes(), request_id, true),
             )),
         }
     }
@@ -137,13 +137,7 @@ impl RelayOutcome {
 /// Relay one request. `buffered` holds the bytes already read after the head (the start of
 /// the body, maybe more); the rest of the body is read from `client`. A native answer the
 /// outcome calls for is not written here ([`RelayOutcome::native_answer`]).
-pub fn relay(
-    upstream: &str,
-    client: &mut TcpStream,
-    head: &Head,
-    framing: Framing,
-    buffered: &[u8],
-) -> RelayOutcome {
+pub fn relay(upstream: &str, client: &mut TcpStream, head: &Head, framing: Framing, buffered: &[u8]) -> RelayOutcome {
     let mut up = match connect(upstream) {
         Ok(s) => s,
         Err(_) => return RelayOutcome::UpstreamDown,

@@ -482,8 +482,8 @@ fn serve_connection(shared: &Shared, stream: &mut TcpStream, slot: &ConnSlot, cl
         let parsed = Head::parse(buf[..end].to_vec()).and_then(|h| h.framing().map(|f| (h, f)));
         let (head, framing) = match parsed {
             Ok(x) => x,
-            Err(_) => {
-                unframeable(stream, 400, http::BAD_REQUEST_BODY);
+            Err(e) => {
+                unframeable(stream, 400, &e.body());
                 return;
             }
         };
