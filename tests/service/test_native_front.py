@@ -217,10 +217,11 @@ class Gate:
     """Holds the worker's answers of native batches until opened (a drain in mid-request)."""
 
     def __init__(self, worker: Any) -> None:
-        self.worker, self.open = worker, threading.Event()
+        self.worker, self.open, self.entered = worker, threading.Event(), threading.Event()
         real = worker.submit
 
         def submit(*args: Any, **kwargs: Any) -> Any:
+            self.entered.set()  # a batch is held here
             self.open.wait(30)
             return real(*args, **kwargs)
 
@@ -379,7 +380,9 @@ def test_the_connection_limit_answers_503_and_frees_with_the_connections(
     assert stats["rejected_connections"] == 1 and stats["open_connections"] == 3
     for s in held:
         s.close()
-    time.sleep(0.3)
+    deadline = time.monotonic() + 10
+    while bridge.front.stats()["open_connections"] and time.monotonic() < deadline:
+        time.sleep(0.01)
     x = torch.rand(1, 1, 28, 28)
     body, headers = binary_body(x, {"binary_data_output": True})
     assert post(bridge.port, f"/v2/models/{worker.model.name}/infer", body, headers)[0] == 200
@@ -398,7 +401,7 @@ def test_a_client_gone_before_its_batch_is_not_computed(
         target=lambda: post(bridge.port, f"/v2/models/{name}/infer", first, headers)
     )
     holder.start()  # its batch waits at the gate: the next request stays queued in Rust
-    time.sleep(0.3)
+    assert gate.entered.wait(10)
     body, headers = binary_body(x, {"seed": 2, "binary_data_output": True})
     gone = socket.create_connection(("127.0.0.1", bridge.port))
     hcl = headers["Inference-Header-Content-Length"]
