@@ -34,6 +34,8 @@ from typing import Any
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.supervisors import Multiprocess
 
+from bayesgate.service.bad_requests import NamedBadRequests, record_h11_errors
+
 _adopting: set[asyncio.Task[Any]] = set()  # connections being handed to the protocol
 
 # uvicorn's Config(http=...) takes an import string; the worker processes import it themselves.
@@ -67,9 +69,15 @@ class DrainOnShutdown:
             )
 
 
-class DrainingH11Protocol(DrainOnShutdown, H11Protocol):
+class DrainingH11Protocol(NamedBadRequests, DrainOnShutdown, H11Protocol):
     """uvicorn's h11 protocol, except that shutdown does not close a connection between requests
-    at once: it gets the keep-alive timeout to send one last request, answered and closed."""
+    at once: it gets the keep-alive timeout to send one last request, answered and closed; and a
+    request h11 rejects gets a JSON 400 naming h11's reason
+    (:mod:`~bayesgate.service.bad_requests`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        record_h11_errors(self)
 
     def handle_events(self) -> None:
         super().handle_events()

@@ -19,45 +19,31 @@ kept for the keep-alive timeout and its last request answered with ``Connection:
 
 from __future__ import annotations
 
-import json
+from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from bayesgate.service.errors import error_body
+from bayesgate.service.bad_requests import (
+    NamedBadRequests,
+    RecordingParser,
+    head_limits,
+    head_too_large_message,
+    too_large_response,
+)
 from bayesgate.service.http_server import DrainOnShutdown
 
 # uvicorn's Config(http=...) takes an import string; the worker processes import it themselves.
 BOUNDED_HTTPTOOLS = "bayesgate.service.httptools_protocol:BoundedHttpToolsProtocol"
 
-# Set by ``bayesgate serve`` (worker processes read the settings from the environment).
-_limits: dict[str, int] = {}
 
+class BoundedHttpToolsProtocol(NamedBadRequests, DrainOnShutdown, HttpToolsProtocol):
+    """httptools with bounded request heads, a shutdown that resets no waiting request
+    (:class:`~bayesgate.service.http_server.DrainOnShutdown`), and a JSON 400 naming the parser's
+    reason for a request it rejects (:mod:`~bayesgate.service.bad_requests`)."""
 
-def head_limits() -> tuple[int, int]:
-    """``(max_header_bytes, max_header_count)`` from the service settings, read once."""
-    if not _limits:
-        from bayesgate.service.settings import settings_from_env
-
-        settings = settings_from_env()
-        _limits["bytes"] = settings.max_header_bytes
-        _limits["count"] = settings.max_header_count
-    return _limits["bytes"], _limits["count"]
-
-
-def too_large_response(message: str) -> bytes:
-    """The whole HTTP/1.1 response refusing a head: JSON 431 ``headers_too_large``, closed."""
-    body = json.dumps(error_body(message, "headers_too_large")).encode()
-    return (
-        b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
-        b"content-type: application/json\r\n"
-        b"content-length: %d\r\n"
-        b"connection: close\r\n\r\n" % len(body)
-    ) + body
-
-
-class BoundedHttpToolsProtocol(DrainOnShutdown, HttpToolsProtocol):
-    """httptools with bounded request heads and a shutdown that resets no waiting request
-    (:class:`~bayesgate.service.http_server.DrainOnShutdown`)."""
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.parser = RecordingParser(self.parser, self)  # type: ignore[assignment]
 
     _awaiting_head = True  # a new connection's first bytes are a head
     _head_bytes = 0
@@ -74,9 +60,7 @@ class BoundedHttpToolsProtocol(DrainOnShutdown, HttpToolsProtocol):
             return
         max_bytes, _ = head_limits()
         if self._awaiting_head and self._head_bytes > max_bytes:
-            self.refuse(
-                f"a request head of more than {max_bytes} bytes (BAYESGATE_MAX_HEADER_BYTES)"
-            )
+            self.refuse(head_too_large_message())
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -120,5 +104,5 @@ class BoundedHttpToolsProtocol(DrainOnShutdown, HttpToolsProtocol):
         """Answer 431 and close (the parser is fed no more)."""
         self._refused = True
         self.logger.warning("request head refused: %s", message)
-        self.transport.write(too_large_response(message))
+        self.transport.write(too_large_response(message, self.server_state.default_headers))
         self.transport.close()

@@ -69,15 +69,17 @@ class Settings(BaseSettings):
     max_header_bytes: int = Field(
         32 * 1024,
         ge=1024,
-        description="largest request head: a head still incomplete beyond it gets 431 (httptools) "
-        "or uvicorn's plain-text 400 (h11, its h11_max_incomplete_event_size) and is closed; for "
-        "a head that arrived at once, the app's limit on header bytes (431)",
+        description="largest request head: a head still incomplete beyond it gets JSON 431 and is "
+        "closed (httptools: counted by the server's protocol; h11: its "
+        "h11_max_incomplete_event_size); for a head that arrived at once, the app's limit on "
+        "header bytes (431)",
     )
     max_header_count: int = Field(100, ge=1, description="most request headers (431 beyond)")
     http_parser: HttpParser = Field(
         "auto",
         description="uvicorn's HTTP/1.1 parser: httptools (about 0.1 ms less per request) or h11; "
-        "auto = httptools when installed. Both bound the request head (431 or 400, closed)",
+        "auto = httptools when installed. Both bound the request head (431, closed); a head "
+        "either rejects is a JSON 400 naming the parser's reason",
     )
     body_read_timeout_s: float = Field(
         30.0, gt=0, description="longest wait for the next piece of a request body (408 after)"

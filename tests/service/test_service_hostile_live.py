@@ -2,9 +2,10 @@
 
 - aborted uploads (headers and half a body, then a hang-up) are 499 in the log and metrics: no
   500, no traceback, and the server stays responsive;
-- request heads over BAYESGATE_MAX_HEADER_BYTES are refused (431 JSON from the httptools
-  protocol, 400 from uvicorn/h11; closed), more than BAYESGATE_MAX_HEADER_COUNT headers are 431
-  JSON, and a body shorter than its Content-Length is 408 JSON after BAYESGATE_BODY_READ_TIMEOUT_S.
+- request heads over BAYESGATE_MAX_HEADER_BYTES are refused (431 JSON, closed, with either
+  parser), more than BAYESGATE_MAX_HEADER_COUNT headers are 431 JSON, and a body shorter than its
+  Content-Length is 408 JSON after BAYESGATE_BODY_READ_TIMEOUT_S;
+- a head the parser rejects is a JSON 400 naming the parser's reason, closed.
 
 Every test runs against both HTTP parsers (``BAYESGATE_HTTP_PARSER``).
 """
@@ -86,8 +87,8 @@ def exchange(port: int, request: bytes, timeout: float = 30) -> tuple[int, dict[
 
 def test_oversized_request_head_is_refused_and_rss_bounded(server: Server) -> None:
     """A 1 MiB header and 5,000 headers exceed BAYESGATE_MAX_HEADER_BYTES (32 KiB): the server
-    refuses a head still incomplete beyond it (431 or h11's 400, closed), the app one that arrived
-    at once (431)."""
+    refuses a head still incomplete beyond it (431, closed), the app one that arrived at once
+    (431)."""
     rss_before = rss_kib(server.proc.pid)
     huge = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (1 << 20) + b"\r\n\r\n"
     many = (
@@ -106,11 +107,9 @@ def test_oversized_request_head_is_refused_and_rss_bounded(server: Server) -> No
     assert httpx.get(f"{server.base}/healthz", timeout=10, trust_env=False).status_code == 200
 
 
-def test_a_head_arriving_in_pieces_is_refused_past_the_byte_limit(
-    server: Server, request: pytest.FixtureRequest
-) -> None:
-    """A head sent in 1 KiB pieces, never complete, is refused once past 32 KiB: JSON 431 from
-    the httptools protocol, uvicorn's plain-text 400 from h11 — closed either way."""
+def test_a_head_arriving_in_pieces_is_refused_past_the_byte_limit(server: Server) -> None:
+    """A head sent in 1 KiB pieces, never complete, is refused once past 32 KiB: JSON 431 with
+    either parser (the httptools protocol counts the head; h11's own bound says 431), closed."""
     sent = 0
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ")
@@ -121,13 +120,45 @@ def test_a_head_arriving_in_pieces_is_refused_past_the_byte_limit(
         status, headers, body = read_response(sock)
         assert sock.recv(1) == b""  # and closed
     assert 32 * 1024 <= sent < 256 * 1024, sent
-    if request.node.callspec.params["server"] == "httptools":
-        assert status == 431, body
-        assert json_body(body)["code"] == "headers_too_large"
-        assert "32768" in json_body(body)["error"]
-        assert headers["connection"] == "close"
-    else:
-        assert status == 400, body
+    assert status == 431, body
+    assert json_body(body)["code"] == "headers_too_large"
+    assert "32768" in json_body(body)["error"]
+    assert headers["connection"] == "close" and headers["content-type"] == "application/json"
+
+
+MALFORMED = {  # head → what each parser says of it
+    b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab": {
+        "httptools": "Duplicate Content-Length",
+        "h11": "conflicting Content-Length headers",
+    },
+    b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n": {
+        "httptools": "Invalid character in Content-Length",
+        "h11": "bad Content-Length",
+    },
+    b"GARBAGE\r\n\r\n": {
+        "httptools": "Invalid method encountered",
+        "h11": "illegal request line",
+    },
+    b"GET /healthz HTTP/1.1\r\nBad Header: 1\r\n\r\n": {
+        "httptools": "Invalid header token",
+        "h11": "illegal header line",
+    },
+}  # fmt: skip
+
+
+def test_a_head_the_parser_rejects_is_a_json_400_naming_why(
+    server: Server, request: pytest.FixtureRequest
+) -> None:
+    parser = request.node.callspec.params["server"]
+    for head, reasons in MALFORMED.items():
+        status, headers, body = exchange(server.port, head)
+        assert status == 400, (head, body)
+        error = json_body(body)
+        assert error["code"] == "malformed_request", error
+        assert error["error"].startswith(f"malformed HTTP request: {reasons[parser]}"), error
+        assert headers["content-type"] == "application/json" and headers["connection"] == "close"
+        assert headers["server"] == "uvicorn"  # uvicorn's default headers are kept
+    assert httpx.get(f"{server.base}/healthz", timeout=10, trust_env=False).status_code == 200
 
 
 def test_too_many_headers_within_the_size_limit_are_431_json(server: Server) -> None:
