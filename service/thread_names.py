@@ -41,11 +41,26 @@ def set_os_name(name: str) -> bool:
     return prctl(PR_SET_NAME, ctypes.c_char_p(raw), 0, 0, 0) == 0
 
 
+class NamedThread(threading.Thread):
+    """A daemon thread called ``name`` in Python and ``os_name`` for the OS, named before
+    :meth:`start` returns (so the name is there from the first look)."""
+
+    def __init__(self, target: Callable[[], object], name: str, os_name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self._body, self._os_name, self._named = target, os_name, threading.Event()
+
+    def run(self) -> None:
+        try:
+            set_os_name(self._os_name)
+        finally:
+            self._named.set()
+        self._body()
+
+    def start(self) -> None:
+        super().start()
+        self._named.wait()
+
+
 def thread(target: Callable[[], object], name: str, os_name: str) -> threading.Thread:
-    """A daemon thread called ``name`` in Python and ``os_name`` for the OS (set as it starts)."""
-
-    def run() -> None:
-        set_os_name(os_name)
-        target()
-
-    return threading.Thread(target=run, name=name, daemon=True)
+    """A :class:`NamedThread` (not started)."""
+    return NamedThread(target, name, os_name)

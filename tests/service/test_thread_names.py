@@ -33,6 +33,7 @@ def test_a_thread_runs_under_its_os_name_and_keeps_its_python_name() -> None:
     t = thread_names.thread(body, "a-long-python-name", os_name="bg-test-thread-name")
     assert t.daemon
     t.start()
+    assert comm(t.native_id) == "bg-test-thread-"  # named by the time start() returns
     assert ready.wait(5)
     try:
         assert seen["python"] == "a-long-python-name"
