@@ -133,6 +133,10 @@ def front_config(served: ServedModel, settings: Settings, upstream: str) -> dict
         ),
         "busy_body": body(BUSY, QueueFull.code),
         "max_connections": settings.native_max_connections,
+        # the main port's limits: a request past them is relayed, for the service's 431 / 413
+        "max_header_bytes": settings.max_header_bytes,
+        "max_header_count": settings.max_header_count,
+        "max_body_bytes": settings.max_body_bytes,
         # as the main port: an idle keep-alive connection, a request whose bytes stop coming
         "idle_timeout_ms": settings.keep_alive_timeout_s * 1000,
         "read_timeout_ms": int(settings.body_read_timeout_s * 1000),

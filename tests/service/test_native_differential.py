@@ -286,3 +286,25 @@ def test_a_half_closed_client_is_answered_on_neither_port(both_ports: tuple[Serv
         with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
             s.sendall(request)  # the same request, the connection kept open: answered
             assert s.recv(12) == b"HTTP/1.1 200"
+
+
+def test_the_main_port_s_head_limits_hold_on_the_native_port(
+    both_ports: tuple[Server, int],
+) -> None:
+    """A request the native port would take but whose head is past the main port's limits
+    (``BAYESGATE_MAX_HEADER_COUNT``, ``BAYESGATE_MAX_HEADER_BYTES``) gets the main port's 431 on
+    both ports; at the limits it is answered."""
+    server, native_port = both_ports
+    name = json.loads((BUNDLED / "card.json").read_text())["name"]
+    body, headers = encode(valid_request(random.Random(3)), "")
+    path = f"/v2/models/{name}/infer"
+    many = {**headers, **{f"X-Extra-{i}": "1" for i in range(100)}}  # 100 + http.client's own
+    big = {**headers, "X-Big": "a" * 33_000}
+    few = {**headers, **{f"X-Extra-{i}": "1" for i in range(20)}}
+    for extra, status in ((many, 431), (big, 431), (few, 200)):
+        a, b = post(server.port, path, body, extra), post(native_port, path, body, extra)
+        assert a[0] == b[0] == status, (a[0], b[0], a[1][:200], b[1][:200])
+        if status == 200:
+            assert a[1] == b[1]
+        else:  # the relay sends its own Connection header: the byte count in the text differs
+            assert all("BAYESGATE_MAX_HEADER" in json.loads(r[1])["error"] for r in (a, b))

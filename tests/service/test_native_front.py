@@ -200,8 +200,12 @@ def test_the_front_end_takes_the_main_port_s_timeouts_and_limits(tiny_model_dir:
     settings = Settings(
         model_dir=tiny_model_dir, native_port=9002, keep_alive_timeout_s=7,
         body_read_timeout_s=2.5, native_max_connections=11, max_instances=9, max_mc_samples=40,
+        max_header_bytes=5000, max_header_count=20, max_body_bytes=70000,
     )  # fmt: skip
     config = front_config(load_served_model(tiny_model_dir, "cpu"), settings, "127.0.0.1:8000")
+    assert (config["max_header_bytes"], config["max_header_count"], config["max_body_bytes"]) == (
+        5000, 20, 70000,
+    )  # fmt: skip
     assert (config["idle_timeout_ms"], config["read_timeout_ms"]) == (7000, 2500)
     assert (config["max_connections"], config["max_instances"], config["max_mc_samples"]) == (
         11, 9, 40,

@@ -92,6 +92,14 @@ pub struct Config {
     /// Longest wait for the next bytes of a request on its way (`read_timeout_ms`, default
     /// 75 s; start value only); the connection is closed after it.
     pub read_timeout: Duration,
+    /// The main port's head limits (`max_header_bytes`, `max_header_count`; unbounded when
+    /// absent): a request whose head passes either is relayed, for the service's own 431.
+    pub max_header_bytes: u64,
+    /// See [`Config::max_header_bytes`].
+    pub max_header_count: u64,
+    /// The main port's body limit (`max_body_bytes`; unbounded when absent): a larger
+    /// `Content-Length` is relayed, for the service's own 413.
+    pub max_body_bytes: u64,
 }
 
 /// `idle_timeout_ms` / `read_timeout_ms` when the start configuration does not give them.
@@ -128,6 +136,14 @@ fn millis(root: &Value<'_>, key: &str, default: u64) -> Result<Duration, String>
         return Err(format!("config: {key:?} must be positive"));
     }
     Ok(Duration::from_millis(ms))
+}
+
+/// An optional non-negative integer (`default` when the key is absent).
+fn opt_uint(root: &Value<'_>, key: &str, default: u64) -> Result<u64, String> {
+    match root.get(key) {
+        None => Ok(default),
+        Some(_) => uint(root, key),
+    }
 }
 
 fn uint(root: &Value<'_>, key: &str) -> Result<u64, String> {
@@ -319,6 +335,9 @@ impl Config {
             request_timeout: Duration::from_millis(uint(&root, "request_timeout_ms")?),
             queue_full_body: string(&root, "queue_full_body")?,
             timeout_body: string(&root, "timeout_body")?,
+            max_header_bytes: opt_uint(&root, "max_header_bytes", u64::MAX)?,
+            max_header_count: opt_uint(&root, "max_header_count", u64::MAX)?,
+            max_body_bytes: opt_uint(&root, "max_body_bytes", u64::MAX)?,
         };
         Ok(cfg)
     }

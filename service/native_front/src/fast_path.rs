@@ -28,7 +28,10 @@ pub enum RelayReason {
     Expect,
     /// No `Host` header, or more than one.
     Host,
-    /// The body is larger than any fast-path request can be.
+    /// The head is over the main port's limits (`max_header_bytes`, `max_header_count`): the
+    /// service answers its own 431.
+    HeadLimits,
+    /// The body is larger than any fast-path request can be, or than the main port takes.
     TooLarge,
     /// Rule 2: the header is not strict JSON (or has escapes / duplicate keys / is too deep).
     Json,
@@ -73,6 +76,11 @@ pub fn check_head(cfg: &Config, head: &Head, framing: Framing) -> Result<usize, 
     if head.method() != b"POST" {
         return Err(RelayReason::Method);
     }
+    // the main port's head limits, counted as strictly as either of its checks counts them (the
+    // whole head's bytes, every header line)
+    if head.raw.len() as u64 > cfg.max_header_bytes || head.headers.len() as u64 > cfg.max_header_count {
+        return Err(RelayReason::HeadLimits);
+    }
     if !head.http11 {
         return Err(RelayReason::Version);
     }
@@ -110,7 +118,7 @@ pub fn check_head(cfg: &Config, head: &Head, framing: Framing) -> Result<usize, 
     if h == 0 || h > len {
         return Err(RelayReason::HeaderLength);
     }
-    if len > max_fast_body(cfg) {
+    if len > max_fast_body(cfg) || len > cfg.max_body_bytes {
         return Err(RelayReason::TooLarge);
     }
     Ok(h as usize)
@@ -306,6 +314,27 @@ pub(crate) mod tests {
     }
 
     const BIN: &str = r#","parameters":{"binary_data_output":true}"#;
+
+    #[test]
+    fn the_main_port_s_limits_send_a_request_to_the_service() {
+        let (head, body) = request_with(&header_json(1, BIN), 1, "X-A: 1\r\n");
+        let (bytes, count, len) = (head.raw.len(), head.headers.len(), body.len());
+        let with = |b: usize, c: usize, l: usize| {
+            let extra = format!(r#""max_header_bytes":{b},"max_header_count":{c},"max_body_bytes":{l},"max_batch""#);
+            let text = crate::config::tests::test_config_text(0, "127.0.0.1:9").replacen(r#""max_batch""#, &extra, 1);
+            let cfg = Config::parse(text.as_bytes()).unwrap();
+            check_head(&cfg, &head, head.framing().unwrap())
+        };
+        assert!(with(bytes, count, len).is_ok()); // at each limit: taken
+        assert_eq!(with(bytes - 1, count, len), Err(RelayReason::HeadLimits));
+        assert_eq!(with(bytes, count - 1, len), Err(RelayReason::HeadLimits));
+        assert_eq!(with(bytes, count, len - 1), Err(RelayReason::TooLarge));
+        let cfg = test_config(); // no limits given: unbounded
+        assert_eq!(
+            (cfg.max_header_bytes, cfg.max_header_count, cfg.max_body_bytes),
+            (u64::MAX, u64::MAX, u64::MAX)
+        );
+    }
 
     #[test]
     fn accepts_a_plain_request() {
