@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import h11
+import httptools
 
 from bayesgate.service.errors import error_body
 
@@ -104,13 +105,9 @@ class RecordingParser:
         self._parser, self._protocol = parser, protocol
 
     def feed_data(self, data: bytes) -> None:
-        import httptools  # the httptools protocol is only used when it is installed
-
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            raise
-        except httptools.HttpParserError as exc:
+        except httptools.HttpParserError as exc:  # not HttpParserUpgrade: not its subclass
             self._protocol.note_bad_request(exc)
             raise
 
