@@ -538,11 +538,7 @@ fn idle_and_read_timeouts_close_the_connection() {
     let port = unsafe { bgf_port(h.0) };
 
     // an idle connection (nothing sent) is closed after the idle timeout, not before
-    let mut idle = connect(port);
-    let began = Instant::now();
-    let mut got = Vec::new();
-    idle.read_to_end(&mut got).unwrap();
-    let waited = began.elapsed();
+    let (got, waited) = read_until_closed(connect(port));
     assert!(
         got.is_empty() && waited >= Duration::from_millis(250) && waited < Duration::from_secs(5),
         "{waited:?}"
@@ -552,10 +548,7 @@ fn idle_and_read_timeouts_close_the_connection() {
     let mut slow = connect(port);
     slow.write_all(b"POST /v2/models/m/infer HTTP/1.1\r\nHost: t\r\n")
         .unwrap();
-    let began = Instant::now();
-    let mut got = Vec::new();
-    slow.read_to_end(&mut got).unwrap();
-    let waited = began.elapsed();
+    let (got, waited) = read_until_closed(slow);
     assert!(
         got.is_empty() && waited >= Duration::from_millis(550) && waited < Duration::from_secs(5),
         "{waited:?}"
@@ -574,4 +567,12 @@ fn idle_and_read_timeouts_close_the_connection() {
     assert!(crate::config::Config::parse(bad.as_bytes())
         .unwrap_err()
         .contains("idle_timeout_ms"));
+}
+
+/// Everything the server sends until it closes `stream`, and how long that took.
+fn read_until_closed(mut stream: TcpStream) -> (Vec<u8>, Duration) {
+    let began = Instant::now();
+    let mut got = Vec::new();
+    stream.read_to_end(&mut got).unwrap();
+    (got, began.elapsed())
 }
