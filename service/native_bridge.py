@@ -48,7 +48,6 @@ from prometheus_client.core import (
     Metric,
 )
 
-from bayesgate.service import thread_names
 from bayesgate.service.deps import default_mc_samples
 from bayesgate.service.errors import (
     DeadlineExceeded,
@@ -65,6 +64,7 @@ from bayesgate.service.oip_binary import DTYPES
 from bayesgate.service.prediction import ColumnAnswer
 from bayesgate.service.served_model import ModelRef, ServedModel
 from bayesgate.service.settings import Settings
+from bayesgate.service.thread_names import NamedThread
 
 log = logging.getLogger("bayesgate.native")
 
@@ -217,7 +217,7 @@ class NativeBridge:
         self._slots = threading.Semaphore(self.in_flight)
         self._outstanding = 0  # batches submitted to the worker and not yet answered
         self._settled_cond = threading.Condition()
-        self._thread = thread_names.thread(self._run, "native-bridge", os_name="bg-native")
+        self._thread = NamedThread(self._run, "native-bridge", os_name="bg-native")
 
     @staticmethod
     def _table(config: dict[str, Any]) -> tuple[list[tuple[str, str]], tuple[int, ...]]:

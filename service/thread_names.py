@@ -2,9 +2,9 @@
 
 Python (before 3.14) names a thread only for itself: ``top -H``, ``/proc/<pid>/task/*/comm`` and
 ``bench/load.py``'s CPU by thread name all see every Python thread under the process's name.
-:func:`thread` starts its target under an OS name too (Linux ``prctl`` ``PR_SET_NAME``; at most
-15 bytes, longer names are cut), so the service's worker, answer and native-bridge threads each
-show their own CPU.
+:class:`NamedThread` starts its target under an OS name too (Linux ``prctl`` ``PR_SET_NAME``;
+at most 15 bytes, longer names are cut), so the service's worker, answer and native-bridge
+threads each show their own CPU.
 """
 
 from __future__ import annotations
@@ -59,8 +59,3 @@ class NamedThread(threading.Thread):
     def start(self) -> None:
         super().start()
         self._named.wait()
-
-
-def thread(target: Callable[[], object], name: str, os_name: str) -> threading.Thread:
-    """A :class:`NamedThread` (not started)."""
-    return NamedThread(target, name, os_name)

@@ -71,7 +71,6 @@ from typing import Any
 
 import torch
 
-from bayesgate.service import thread_names
 from bayesgate.service.engine import CallStopped, Engine, checkpoints, mc_engine
 from bayesgate.service.errors import (
     ClientGone,
@@ -88,6 +87,7 @@ from bayesgate.service.prediction import (
     rows_of,
 )
 from bayesgate.service.served_model import ServedModel
+from bayesgate.service.thread_names import NamedThread
 
 log = logging.getLogger("bayesgate.service")
 
@@ -527,11 +527,11 @@ class BatchWorker:
     def start(self) -> None:
         if self._thread is not None:
             raise RuntimeError("worker already started")
-        self._answer_thread = thread_names.thread(
+        self._answer_thread = NamedThread(
             self._answer_loop, "bayesgate-answers", os_name="bg-answers"
         )
         self._answer_thread.start()
-        self._thread = thread_names.thread(self._run, "bayesgate-worker", os_name="bg-worker")
+        self._thread = NamedThread(self._run, "bayesgate-worker", os_name="bg-worker")
         self._thread.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:

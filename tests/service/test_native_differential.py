@@ -130,7 +130,7 @@ def mutate(req: dict[str, Any], rng: random.Random) -> str:
     return kind
 
 
-def encode(req: dict[str, Any], path: str) -> tuple[bytes, dict[str, str]]:
+def encode(req: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
     head = bytearray(json.dumps(req["header"]).encode())
     if req["flip"] is not None:
         where, byte = req["flip"]
@@ -188,7 +188,7 @@ def test_every_mutated_request_gets_the_same_answer_on_both_ports(
         applied = [mutate(req, rng) for _ in range(rng.choice([0, 0, 1, 1, 2]))]
         for kind in applied:
             kinds[kind] = kinds.get(kind, 0) + 1
-        body, headers = encode(req, path)
+        body, headers = encode(req)
         a = post(server.port, path, body, headers)
         b = post(native_port, path, body, headers)
         what = (
@@ -255,7 +255,7 @@ def test_garbage_on_the_native_socket_gets_4xx_or_a_close_and_the_port_keeps_ser
     assert replies[8].startswith(b"HTTP/1.1 431 ")
     name = json.loads((BUNDLED / "card.json").read_text())["name"]
     req = valid_request(random.Random(1))
-    body, headers = encode(req, "")
+    body, headers = encode(req)
     path = f"/v2/models/{name}/infer"
     a, b = post(server.port, path, body, headers), post(native_port, path, body, headers)
     assert a[0] == b[0] == 200 and a[1] == b[1]
@@ -267,7 +267,7 @@ def test_a_half_closed_client_is_answered_on_neither_port(both_ports: tuple[Serv
     port (uvicorn ends the connection at the end of stream) and by the native port alike."""
     server, native_port = both_ports
     name = json.loads((BUNDLED / "card.json").read_text())["name"]
-    body, headers = encode(valid_request(random.Random(2)), "")
+    body, headers = encode(valid_request(random.Random(2)))
     head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
     request = (
         f"POST /v2/models/{name}/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
@@ -296,7 +296,7 @@ def test_the_main_port_s_head_limits_hold_on_the_native_port(
     both ports; at the limits it is answered."""
     server, native_port = both_ports
     name = json.loads((BUNDLED / "card.json").read_text())["name"]
-    body, headers = encode(valid_request(random.Random(3)), "")
+    body, headers = encode(valid_request(random.Random(3)))
     path = f"/v2/models/{name}/infer"
     many = {**headers, **{f"X-Extra-{i}": "1" for i in range(100)}}  # 100 + http.client's own
     big = {**headers, "X-Big": "a" * 33_000}

@@ -30,7 +30,7 @@ def test_a_thread_runs_under_its_os_name_and_keeps_its_python_name() -> None:
         ready.set()
         done.wait(5)
 
-    t = thread_names.thread(body, "a-long-python-name", os_name="bg-test-thread-name")
+    t = thread_names.NamedThread(body, "a-long-python-name", os_name="bg-test-thread-name")
     assert t.daemon
     t.start()
     assert comm(t.native_id) == "bg-test-thread-"  # named by the time start() returns
