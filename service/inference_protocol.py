@@ -254,6 +254,9 @@ class OutputTensor(BaseModel):
 
 
 class InferResponse(BaseModel):
+    # ``model_name`` is the protocol's field; pydantic < 2.10 warns about its ``model_`` prefix
+    model_config = ConfigDict(protected_namespaces=())
+
     model_name: str
     id: str | None = None
     parameters: dict[str, str | int | float | bool]
