@@ -22,7 +22,7 @@ FOLDERS = {
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dist")
-    subprocess.run(
+    done = subprocess.run(
         [
             sys.executable,
             "-m",
@@ -31,16 +31,26 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
             str(REPO_ROOT),
             "--no-deps",
             "--no-build-isolation",
-            "-q",
+            "-v",  # setuptools' own warnings reach the log only with -v
             "-w",
             str(out),
         ],
         check=True,
         capture_output=True,
+        text=True,
         cwd=out,
     )
+    (out / "build.log").write_text(done.stdout + done.stderr)
     (found,) = out.glob("bayesgate-*.whl")
     return found
+
+
+def test_build_has_no_unlisted_data_package(wheel: Path) -> None:
+    """setuptools warns ("Package would be ignored") about an importable folder that holds data
+    but is missing from ``packages``, and plans to stop shipping it: every data folder is listed."""
+    log = (wheel.parent / "build.log").read_text()
+    assert "bayesgate" in log  # the log is the build's (pip -v names the project it builds)
+    assert "would be ignored" not in log and "absent from the `packages`" not in log, log[-3000:]
 
 
 def test_wheel_has_one_top_level_package(wheel: Path) -> None:
