@@ -34,6 +34,7 @@ from bayesgate.service.errors import (
     StartupError,
     install_error_handlers,
 )
+from bayesgate.service.event_loop import loop_label
 from bayesgate.service.inference_protocol import infer_request_model
 from bayesgate.service.logs import configure_logging
 from bayesgate.service.metrics import Metrics
@@ -178,13 +179,15 @@ def go_ready(
     watcher = asyncio.create_task(control.watch()) if control.shared else None
     served = worker.model
     log.info(
-        "ready: model %s (sha256 %s…) on %s, score %s > %.4g flags adversarial; admin %s",
+        "ready: model %s (sha256 %s…) on %s, score %s > %.4g flags adversarial; admin %s; "
+        "event loop %s",
         served.name,
         served.sha256[:12],
         served.device,
         served.decision.score,
         served.decision.threshold,
         "enabled" if state.admin_key_digest else "disabled (no API key)",
+        loop_label(loop),
     )
     return Serving(worker, watcher, uninstall)
 

@@ -140,6 +140,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from bayesgate.models.device import pick_device
     from bayesgate.models.store.bundled import model_dir_not_found
     from bayesgate.service.errors import StartupError
+    from bayesgate.service.event_loop import LOOP_FACTORIES, uvloop_missing
     from bayesgate.service.http_server import http_protocol
     from bayesgate.service.logs import uvicorn_log_config
     from bayesgate.service.served_model import load_served_model
@@ -170,6 +171,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise InvalidArgument("--native-port does not apply with --ray")
     if settings.grpc_port is not None:
         check_grpc_installed(ENV_PREFIX + "GRPC_PORT" if args.grpc_port is None else "--grpc-port")
+    if settings.event_loop == "uvloop" and (problem := uvloop_missing()) is not None:
+        raise InvalidArgument(f"{ENV_PREFIX}EVENT_LOOP=uvloop: {problem}")
     if args.model_dir is not None and not settings.model_dir.is_dir():
         raise InvalidArgument(model_dir_not_found(args.model_dir, "--model-dir"))
     try:
@@ -219,6 +222,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 # Both parsers bound the request line + headers, and their shutdown keeps
                 # connections whose request is on its way (http_server.py, httptools_protocol.py).
                 http=http_protocol(settings.http_parser),
+                loop=LOOP_FACTORIES[settings.event_loop],
                 h11_max_incomplete_event_size=settings.max_header_bytes,
                 timeout_keep_alive=settings.keep_alive_timeout_s,
             )

@@ -19,6 +19,7 @@ from bayesgate.models.store.bundled import (  # noqa: F401  (re-exported: the se
     bundled_model_names,
     resolve_model_dir,
 )
+from bayesgate.service.event_loop import EventLoopName
 
 ENV_PREFIX = "BAYESGATE_"
 
@@ -80,6 +81,12 @@ class Settings(BaseSettings):
         description="uvicorn's HTTP/1.1 parser: httptools (about 0.1 ms less per request) or h11; "
         "auto = httptools when installed. Both bound the request head (431, closed); a head "
         "either rejects is a JSON 400 naming the parser's reason",
+    )
+    event_loop: EventLoopName = Field(
+        "auto",
+        description="uvicorn's event loop: uvloop, or asyncio (the standard library's, with "
+        "bayesgate's repair of a shutdown race that resets a just-accepted connection); "
+        "auto = uvloop when installed",
     )
     body_read_timeout_s: float = Field(
         30.0, gt=0, description="longest wait for the next piece of a request body (408 after)"

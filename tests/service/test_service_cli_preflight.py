@@ -111,3 +111,47 @@ def test_a_missing_model_dir_flag_is_named_as_the_flag(
     err = _one_line(capsys)
     assert err.startswith(f"bayesgate: error: --model-dir {missing}: model directory not found")
     assert "bayesgate-robust" in err and "BAYESGATE_MODEL_DIR" not in err
+
+
+def test_event_loop_uvloop_without_uvloop_is_one_line(
+    tiny_model_dir: Path,
+    never_serves: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # `import uvloop` raises ImportError
+    monkeypatch.setenv("BAYESGATE_EVENT_LOOP", "uvloop")
+    assert main(["serve", "--model-dir", str(tiny_model_dir), "--port", str(free_port())]) == 2
+    assert _one_line(capsys) == (
+        "bayesgate: error: BAYESGATE_EVENT_LOOP=uvloop: uvloop is not installed "
+        "(pip install uvloop), or choose auto or asyncio"
+    )
+
+
+def test_an_unknown_event_loop_is_one_line_naming_the_variable(
+    tiny_model_dir: Path,
+    never_serves: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("BAYESGATE_EVENT_LOOP", "trio")
+    assert main(["serve", "--model-dir", str(tiny_model_dir), "--port", str(free_port())]) == 2
+    assert _one_line(capsys) == (
+        "bayesgate: error: setting BAYESGATE_EVENT_LOOP: Input should be 'auto', 'uvloop' or "
+        "'asyncio' (got 'trio')"
+    )
+
+
+def test_the_event_loop_setting_reaches_uvicorn(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[Any] = []
+    monkeypatch.setattr(service_cli, "run_uvicorn", seen.append)
+    monkeypatch.setenv("BAYESGATE_EVENT_LOOP", "asyncio")
+    assert main(["serve", "--model-dir", str(tiny_model_dir), "--port", str(free_port())]) == 0
+    factory = seen[0].get_loop_factory()  # uvicorn imports the string as it does at start-up
+    loop = factory()
+    try:
+        assert type(loop).__name__ == "ServingSelectorEventLoop"
+    finally:
+        loop.close()
