@@ -459,7 +459,7 @@ async def steady(port: int, clients: int, stop: asyncio.Event) -> list[str]:
                 writer.write(request)
                 await writer.drain()
                 status, closes = await asyncio.wait_for(read_answer(reader), 60)
-            except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError):
+            except (TimeoutError, OSError, asyncio.IncompleteReadError):
                 outcomes.append("reset:new" if new else "reset:reused")
                 writer.close()
                 writer = None

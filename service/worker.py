@@ -516,7 +516,7 @@ class BatchWorker:
             return await asyncio.wait_for(asyncio.shield(answer), self.stop_wait_s)
         except (DeadlineExceeded, ClientGone):
             return None  # stopped: the request answers with its own message
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.warning(
                 "worker: a job given up (%s) was not stopped within %.1f s",
                 job.dropped,

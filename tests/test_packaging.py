@@ -117,3 +117,16 @@ def test_installed_wheel_imports_as_bayesgate_only(wheel: Path, tmp_path: Path) 
     engine_file, verdict = done.stdout.splitlines()
     assert Path(engine_file).is_relative_to(target)
     assert verdict == "no models"  # `import models` failed
+
+
+def test_ruff_targets_the_oldest_python_the_package_allows() -> None:
+    """``requires-python``'s floor and ruff's ``target-version`` move together: ruff then flags
+    syntax and APIs newer than the floor (and rewrites what the floor makes obsolete)."""
+    import tomllib
+
+    from packaging.specifiers import SpecifierSet
+
+    meta = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    (floor,) = [s.version for s in SpecifierSet(meta["project"]["requires-python"])]
+    assert meta["tool"]["ruff"]["target-version"] == "py" + floor.replace(".", "")
+    assert sys.version_info >= tuple(int(p) for p in floor.split("."))

@@ -111,7 +111,7 @@ class Calibration:
 
 def write_calibration(calibration: Calibration, directory: Path | str) -> Path:
     """Write ``calibration.json`` into a model directory (atomically)."""
-    calibration.created = calibration.created or dt.datetime.now(dt.timezone.utc).isoformat(
+    calibration.created = calibration.created or dt.datetime.now(dt.UTC).isoformat(
         timespec="seconds"
     )
     path = Path(directory) / CALIBRATION_FILE

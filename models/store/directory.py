@@ -109,7 +109,7 @@ def save_model(network: nn.Module, card: ModelCard, directory: Path | str) -> Mo
     )
     card.weights_sha256 = hashlib.sha256(blob).hexdigest()
     card.code_version = card.code_version or code_version()
-    card.created = card.created or dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    card.created = card.created or dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     _atomic_write(directory / WEIGHTS_FILE, blob)
     _atomic_write(directory / CARD_FILE, card.to_json().encode())
     return card

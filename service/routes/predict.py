@@ -168,7 +168,7 @@ async def decode_off_loop(
     remaining = arrived_at(request.scope) + settings.request_timeout_s - time.monotonic()
     try:
         return await asyncio.wait_for(in_decoder(decode, *args), max(remaining, 0.0))
-    except asyncio.TimeoutError:
+    except TimeoutError:
         worker.drop("deadline")
         raise DeadlineExceeded(
             f"no answer within the request timeout of {settings.request_timeout_s:g} s "

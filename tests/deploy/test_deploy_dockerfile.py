@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 from deploy_files import (
     DOCKERFILE,
     REPO_ROOT,

@@ -76,7 +76,7 @@ def test_round_trip_gives_identical_outputs_and_card(tmp_path: Path, preset: str
     assert written.code_version
     created = dt.datetime.fromisoformat(written.created)
     assert created.tzinfo is not None
-    assert abs((dt.datetime.now(dt.timezone.utc) - created).total_seconds()) < 600
+    assert abs((dt.datetime.now(dt.UTC) - created).total_seconds()) < 600
 
 
 def test_card_sha256_is_the_sha256_of_the_weights_file(saved) -> None:

@@ -99,7 +99,7 @@ async def through_shutdown(port: int, stop: asyncio.Event) -> list[str]:
             await writer.drain()
             line = await asyncio.wait_for(reader.readline(), 60)
             outcomes.append(line.split()[1].decode() if line else "reset")
-        except (OSError, asyncio.TimeoutError):
+        except (TimeoutError, OSError):
             outcomes.append("reset")
         finally:
             writer.close()
