@@ -15,7 +15,7 @@ Left out, and why: the ``ray`` extra (``ray[serve]==2.60.0`` requires newer Fast
 and pydantic than the floors, so it cannot be installed beside them; its tests are skipped by
 ``--ignore-glob '*ray*'``) and the development tools of the ``dev`` extra, which are installed at
 their newest versions (they test, they are not what a user runs). ``torch`` is pinned in
-``pyproject.toml`` already. Measured on 2 cores: 693–707 s of tests after the install.
+``pyproject.toml`` already. Measured on 2 cores: 529–707 s of tests after the install.
 """
 
 from __future__ import annotations
