@@ -8,8 +8,8 @@
   asserts the server is still open). When the server is closed in between — as every shutdown
   closes it, while connections keep arriving — the assertion fails inside the task, is swallowed,
   and the accepted socket is dropped: the client, whose request is already sent, gets a
-  **connection reset** (CPython gh-109564, open as of 3.14). Measured here with ``--workers 2``
-  under clients that keep connecting through a SIGTERM
+  **connection reset** (CPython gh-109564, open; reproduced on 3.10–3.13). Measured with
+  ``--workers 2`` under clients that keep connecting through a SIGTERM
   (``tests/service/test_service_shutdown_connections.py``): 2–4 resets in about 700
   connections in 3 of 10 runs on the stock loop, none on this one.
   :class:`ServingSelectorEventLoop` serves such a connection instead, as a connection the server
