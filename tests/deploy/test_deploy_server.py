@@ -96,6 +96,8 @@ def _local_env(
         BAYESGATE_PORT=str(port),
         BAYESGATE_NUM_THREADS="1",
         OMP_NUM_THREADS="1",
+        # the image installs no uvloop, so its `auto` is asyncio's loop (the dev venv has uvloop)
+        BAYESGATE_EVENT_LOOP="asyncio",
     )
     return env
 

@@ -77,6 +77,9 @@ def start_server(
         BAYESGATE_LOG_LEVEL="info",
         BAYESGATE_LOG_FORMAT="json",
         OMP_NUM_THREADS="1",
+        # What the image and a plain `pip install .` run (no uvloop there; the dev venv has it
+        # through ray[serve], and tests/service/test_service_server.py's servers use it).
+        BAYESGATE_EVENT_LOOP="asyncio",
     )
     env.update({f"BAYESGATE_{k.upper()}": str(v) for k, v in settings.items()})
     log_path = log_dir / f"server-{port}.log"
