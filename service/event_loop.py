@@ -88,13 +88,6 @@ def auto_loop() -> asyncio.AbstractEventLoop:
     return asyncio_loop() if uvloop_missing() else uvloop_loop()
 
 
-def loop_in_use(name: EventLoopName) -> str:
-    """What the setting ``name`` runs on this machine: ``uvloop`` or ``asyncio``."""
-    if name == "auto":
-        return "asyncio" if uvloop_missing() else "uvloop"
-    return name
-
-
 def loop_label(loop: asyncio.AbstractEventLoop) -> str:
     """``package.Class`` of a loop, for the ready log line: ``uvloop.Loop``,
     ``bayesgate.ServingSelectorEventLoop``, or the stock ``asyncio._UnixSelectorEventLoop``."""
