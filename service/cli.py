@@ -225,7 +225,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 loop=LOOP_FACTORIES[settings.event_loop],
                 h11_max_incomplete_event_size=settings.max_header_bytes,
                 timeout_keep_alive=settings.keep_alive_timeout_s,
-            )
+            ),
+            drain_delay_s=settings.drain_delay_s,
         )
     finally:
         if own_runtime_dir is not None:
@@ -293,17 +294,17 @@ def check_listen(host: str, port: int, flags: str) -> None:
             ) from None
 
 
-def run_uvicorn(config: uvicorn.Config) -> None:
+def run_uvicorn(config: uvicorn.Config, drain_delay_s: float = 0.0) -> None:
     """``uvicorn.run`` for a ready ``uvicorn.Config``: one process, or with ``workers > 1`` the
-    supervisor of :mod:`bayesgate.service.http_server` (it closes its copy of the listening
-    socket when it starts stopping the workers)."""
+    supervisor of :mod:`bayesgate.service.http_server` (it refuses new connections and closes its
+    copy of the listening socket just before the workers' ``drain_delay_s`` ends)."""
     import uvicorn
 
     from bayesgate.service.http_server import Supervisor
 
     try:
         if config.workers > 1:
-            Supervisor(config, sockets=[config.bind_socket()]).run()
+            Supervisor(config, sockets=[config.bind_socket()], drain_delay_s=drain_delay_s).run()
             return
         server = uvicorn.Server(config)
         server.run()

@@ -13,22 +13,33 @@ steady load (``bench/hostile.py --only sigterm1 sigterm2``):
 - with ``--workers N > 1`` the supervisor process holds its own copy of the listening socket
   until it exits. Once every worker had stopped accepting, the kernel still completed the
   handshake of new connections (the socket was listening) and queued them — to reset them all
-  when the supervisor exited. :class:`Supervisor` closes its copy when it starts stopping the
-  workers, so the port closes with the last worker and later connections are *refused*, which a
+  when the supervisor exited. :class:`Supervisor` closes its copy before the workers close
+  theirs, so the port closes with the last worker and later connections are *refused*, which a
   client (or load balancer) knows was never accepted.
 
 A third, narrower window remains when the listening socket closes: connections whose handshake the
 kernel completed but that the event loop had not accepted yet (its accept queue) are reset with
 it. :func:`close_listeners`, called when uvicorn's shutdown begins, takes every connection in that
-queue first and closes the socket right after, so the window shrinks from one event-loop turn to
-the two system calls between the last ``accept()`` and ``close()``.
+queue first and closes the socket right after. That leaves the two system calls between the last
+``accept()`` and ``close()`` (one reset in ~760 connections in a CI run, 2026-11-27), so the
+queue is first stopped from growing: :func:`refuse_new_connections` attaches a socket filter that
+drops every packet the listening socket receives (Linux). A client's SYN is then dropped; it
+retries after about a second, finds the port closed and is *refused*. The socket is shared by
+``--workers N`` processes, and one worker stopping (uvicorn's rolling restart on SIGHUP) must not
+stop the others accepting, so there the :class:`Supervisor` attaches it, and only when it stops
+them all, a moment (:data:`REFUSE_LEAD_S`) before their drain delay ends.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import logging
 import os
 import socket
+import struct
+import sys
+import time
 from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -36,7 +47,13 @@ from uvicorn.supervisors import Multiprocess
 
 from bayesgate.service.bad_requests import NamedBadRequests, record_h11_errors
 
+log = logging.getLogger("bayesgate.service")
+
 _adopting: set[asyncio.Task[Any]] = set()  # connections being handed to the protocol
+
+SO_ATTACH_FILTER = 26  # <asm-generic/socket.h>; Python's socket module does not name it
+BPF_RET_K = 0x06  # BPF_RET | BPF_K: "return k" — the number of bytes of the packet to keep
+REFUSE_LEAD_S = 0.25  # the supervisor refuses new connections this long before the drain delay ends
 
 # uvicorn's Config(http=...) takes an import string; the worker processes import it themselves.
 DRAINING_H11 = "bayesgate.service.http_server:DrainingH11Protocol"
@@ -85,14 +102,65 @@ class DrainingH11Protocol(NamedBadRequests, DrainOnShutdown, H11Protocol):
             self.cycle.keep_alive = False  # the last request on this connection
 
 
+def refuse_new_connections(listener: socket.socket) -> bool:
+    """Stop ``listener``'s accept queue from growing: attach a classic BPF socket filter that
+    keeps 0 bytes of every packet (``ret #0``), so SYNs and handshake-completing ACKs are dropped
+    and no connection is added to the queue. Connections already queued or accepted are not
+    touched (an accepted socket keeps the filter it was cloned with). A client whose SYN is
+    dropped retransmits it (after ~1 s); by then the socket is closed and the answer is a reset
+    to the SYN — *connection refused* — never an established connection reset with its request.
+
+    Shared by every process holding a copy of the socket. Returns False (nothing attached) off
+    Linux or when the kernel refuses the filter."""
+    if sys.platform != "linux":
+        return False
+    program = ctypes.create_string_buffer(struct.pack("HBBI", BPF_RET_K, 0, 0, 0))
+    fprog = struct.pack("HP", 1, ctypes.addressof(program))  # struct sock_fprog {len, *filter}
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
+    except OSError as exc:
+        log.warning("cannot stop the listening socket's accept queue from growing: %s", exc)
+        return False
+    return True
+
+
 class Supervisor(Multiprocess):
-    """uvicorn's multi-process supervisor that lets go of the listening socket when it starts
-    stopping the workers (their copies keep the port open while they drain)."""
+    """uvicorn's multi-process supervisor that lets go of the listening socket when it stops the
+    workers (their copies keep the port open while they drain), first refusing new connections
+    (:func:`refuse_new_connections`) :data:`REFUSE_LEAD_S` before the workers' drain delay ends,
+    so that the last worker to close the socket resets nothing in its accept queue.
+
+    After SIGTERM the workers get SIGTERM, serve ``drain_delay_s`` more, then close. After SIGINT
+    new connections are refused at once: Ctrl-C reaches the workers too, so they skip the delay
+    (the SIGTERM that follows is their second signal); a SIGINT sent to the supervisor alone
+    leaves them serving their open connections for the delay while new ones are refused."""
+
+    def __init__(self, *args: Any, drain_delay_s: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.drain_delay_s = drain_delay_s
+        self.interrupted = False
+
+    def handle_int(self) -> None:
+        self.interrupted = True
+        super().handle_int()
 
     def terminate_all(self) -> None:
+        wait_s = 0.0 if self.interrupted else self.drain_delay_s - REFUSE_LEAD_S
+        if wait_s <= 0:
+            self.refuse_and_close()
+        super().terminate_all()  # SIGTERM to each worker
+        if wait_s > 0:
+            time.sleep(wait_s)  # the workers serve their drain delay meanwhile
+            self.refuse_and_close()
+
+    def refuse_and_close(self) -> None:
         for sock in self.sockets:
+            if sock.fileno() != -1 and refuse_new_connections(sock):
+                # uvicorn's logger: the only one configured in the supervisor process
+                logging.getLogger("uvicorn.error").info(
+                    "new connections refused from now on (the workers are stopping)"
+                )
             sock.close()
-        super().terminate_all()
 
 
 def close_listeners(server: Any) -> int:
@@ -111,9 +179,13 @@ def close_listeners(server: Any) -> int:
 
     loop = asyncio.get_running_loop()
     waiting: list[socket.socket] = []
+    sole_owner = getattr(config, "workers", 1) <= 1  # else the Supervisor refuses (its docstring)
     for listening in server.servers:
         # A duplicate keeps the socket listening while the loop stops watching it.
         copies = [socket.socket(fileno=os.dup(s.fileno())) for s in listening.sockets or ()]
+        if sole_owner:
+            for copy in copies:
+                refuse_new_connections(copy)
         listening.close()
         for copy in copies:
             waiting.extend(accept_all(copy))

@@ -26,7 +26,7 @@ if MODE in ("1", "asgi"):
 
     from bayesgate.service import cli
 
-    def run_granian(config: Any) -> None:
+    def run_granian(config: Any, **_: Any) -> None:
         import multiprocessing
 
         from granian.constants import Interfaces

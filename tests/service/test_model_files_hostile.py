@@ -223,7 +223,7 @@ def test_serve_prints_one_line_before_uvicorn_starts(
 ) -> None:
     directory, path = _broken_copy(case, tmp_path)
 
-    def no_server(config: Any) -> None:
+    def no_server(config: Any, **_: Any) -> None:
         raise AssertionError(f"{case.id}: the check passed and uvicorn would start")
 
     monkeypatch.setattr("bayesgate.service.cli.run_uvicorn", no_server)

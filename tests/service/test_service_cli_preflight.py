@@ -30,7 +30,7 @@ def _one_line(capsys: pytest.CaptureFixture[str]) -> str:
 
 @pytest.fixture
 def never_serves(monkeypatch: pytest.MonkeyPatch) -> None:
-    def run_uvicorn(config: Any) -> None:
+    def run_uvicorn(config: Any, **_: Any) -> None:
         raise AssertionError("the server started although the pre-flight should have refused")
 
     monkeypatch.setattr(service_cli, "run_uvicorn", run_uvicorn)
@@ -148,7 +148,7 @@ def test_the_event_loop_setting_reaches_uvicorn(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen: list[Any] = []
-    monkeypatch.setattr(service_cli, "run_uvicorn", seen.append)
+    monkeypatch.setattr(service_cli, "run_uvicorn", lambda config, **_: seen.append(config))
     monkeypatch.setenv("BAYESGATE_EVENT_LOOP", "asyncio")
     assert main(["serve", "--model-dir", str(tiny_model_dir), "--port", str(free_port())]) == 0
     factory = seen[0].get_loop_factory()  # uvicorn imports the string as it does at start-up

@@ -7,7 +7,9 @@
   refused connections — never a connection that is established and then reset (the supervisor
   used to keep the port listening after its workers had stopped accepting, and the kernel queued
   connections nobody would accept until the supervisor exited and reset them; on the standard
-  library's event loop, asyncio dropped a connection accepted just before the listener closed).
+  library's event loop, asyncio dropped a connection accepted just before the listener closed;
+  and a client whose handshake completed between the last ``accept()`` and the ``close()`` was
+  reset until the supervisor began refusing new connections first).
 """
 
 from __future__ import annotations
@@ -159,3 +161,7 @@ def test_two_workers_refuse_rather_than_reset_after_they_stop_accepting(
     assert counts.get("200", 0) > 0 and counts.get("refused", 0) > 0, counts
     assert set(counts) <= {"200", "refused"}, counts
     assert server.proc.returncode == 0
+    # The supervisor stopped the shared accept queue from growing before the workers closed it
+    # (the last gap: http_server.refuse_new_connections; test_listener_close.py opens it).
+    messages = [r["message"] for r in server.log_records()]
+    assert any(m.startswith("new connections refused from now on") for m in messages), messages
