@@ -65,10 +65,11 @@ def start_server(
     log_dir: Path,
     ready_timeout: float = 90,
     args: tuple[str, ...] = (),
+    extra_env: dict[str, str] | None = None,
     **settings: object,
 ) -> Server:
-    """Start ``bayesgate serve [args]`` with ``BAYESGATE_<NAME>`` = each setting; wait for
-    ``/readyz``."""
+    """Start ``bayesgate serve [args]`` with ``BAYESGATE_<NAME>`` = each setting (and
+    ``extra_env``); wait for ``/readyz``."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BAYESGATE_", "PROMETHEUS_"))}
     env.update(
@@ -82,6 +83,7 @@ def start_server(
         BAYESGATE_EVENT_LOOP="asyncio",
     )
     env.update({f"BAYESGATE_{k.upper()}": str(v) for k, v in settings.items()})
+    env.update(extra_env or {})
     log_path = log_dir / f"server-{port}.log"
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(

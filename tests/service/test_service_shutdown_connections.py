@@ -15,10 +15,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from raw_http import read_response
@@ -108,36 +110,9 @@ async def through_shutdown(port: int, stop: asyncio.Event) -> list[str]:
     return outcomes
 
 
-# auto is uvloop where installed (CI: yes); asyncio is the standard library's loop with bayesgate's
-# repair (service/event_loop.py) — unrepaired, it reset 2–4 connections here in 3 runs of 10.
-@pytest.mark.parametrize("event_loop", ["auto", "asyncio"])
-def test_two_workers_refuse_rather_than_reset_after_they_stop_accepting(
-    tiny_model_dir: Path, tmp_path: Path, event_loop: str
-) -> None:
-    server = start_server(
-        tiny_model_dir,
-        tmp_path,
-        args=("--workers", "2"),
-        drain_delay_s=0.5,
-        drain_timeout_s=20,
-        event_loop=event_loop,
-    )
-    # Steady state: both workers ready (/readyz answered by one of them says nothing of the other;
-    # a worker still starting when SIGTERM arrives stops without draining — docs/service.md).
-    deadline = time.monotonic() + 120
-    while sum(r["message"].startswith("ready:") for r in server.log_records()) < 2:
-        assert time.monotonic() < deadline, "the second worker never became ready"
-        time.sleep(0.1)
-    loops = {
-        r["message"].rsplit("event loop ", 1)[1]
-        for r in server.log_records()
-        if r["message"].startswith("ready:")
-    }
-    if event_loop == "asyncio":
-        assert loops == {"bayesgate.ServingSelectorEventLoop"}, loops
-    else:
-        repaired = "bayesgate.ServingSelectorEventLoop"
-        assert loops == {repaired if uvloop_missing() else "uvloop.Loop"}, loops
+def connect_through_sigterm(server: Any) -> dict[str, int]:
+    """Four clients connecting (``through_shutdown``) from 0.5 s before SIGTERM until the server
+    has exited: how many connections ended in each outcome."""
 
     async def scenario() -> list[str]:
         stop = asyncio.Event()
@@ -156,7 +131,41 @@ def test_two_workers_refuse_rather_than_reset_after_they_stop_accepting(
         if server.proc.poll() is None:
             server.proc.kill()
             server.proc.wait()
-    counts = {o: outcomes.count(o) for o in set(outcomes)}
+    return {o: outcomes.count(o) for o in set(outcomes)}
+
+
+# auto is uvloop where installed (CI: yes); asyncio is the standard library's loop with bayesgate's
+# repair (service/event_loop.py) — unrepaired, it reset 2–4 connections here in 3 runs of 10.
+@pytest.mark.parametrize("event_loop", ["auto", "asyncio"])
+def test_two_workers_refuse_rather_than_reset_after_they_stop_accepting(
+    tiny_model_dir: Path, tmp_path: Path, event_loop: str
+) -> None:
+    server = start_server(
+        tiny_model_dir,
+        tmp_path,
+        args=("--workers", "2"),
+        drain_delay_s=0.5,
+        drain_timeout_s=20,
+        event_loop=event_loop,
+    )
+    # Steady state: both workers ready (/readyz answered by one of them says nothing of the other;
+    # a worker still starting when SIGTERM arrives is the next test's case).
+    deadline = time.monotonic() + 120
+    while sum(r["message"].startswith("ready:") for r in server.log_records()) < 2:
+        assert time.monotonic() < deadline, "the second worker never became ready"
+        time.sleep(0.1)
+    loops = {
+        r["message"].rsplit("event loop ", 1)[1]
+        for r in server.log_records()
+        if r["message"].startswith("ready:")
+    }
+    if event_loop == "asyncio":
+        assert loops == {"bayesgate.ServingSelectorEventLoop"}, loops
+    else:
+        repaired = "bayesgate.ServingSelectorEventLoop"
+        assert loops == {repaired if uvloop_missing() else "uvloop.Loop"}, loops
+
+    counts = connect_through_sigterm(server)
     assert counts.get("reset", 0) == 0, counts
     assert counts.get("200", 0) > 0 and counts.get("refused", 0) > 0, counts
     assert set(counts) <= {"200", "refused"}, counts
@@ -165,3 +174,42 @@ def test_two_workers_refuse_rather_than_reset_after_they_stop_accepting(
     # (the last gap: http_server.refuse_new_connections; test_listener_close.py opens it).
     messages = [r["message"] for r in server.log_records()]
     assert any(m.startswith("new connections refused from now on") for m in messages), messages
+
+
+SLOW_WORKER_SITE = Path(__file__).parent / "slow_worker_site"
+
+
+def test_a_worker_still_starting_at_sigterm_resets_nothing(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The second worker waits 4 s before its start-up (``slow_worker_site``, as a worker still
+    loading a large model): SIGTERM reaches it before it listens, so it never runs the drain —
+    it starts listening once ready and stops at once. It holds the shared socket meanwhile: the
+    kernel used to queue every connection made after the first worker stopped accepting and
+    reset them when the late worker closed it (seen once, 4 resets, with a worker that took
+    19 s to start). The supervisor's filter stops the queue growing, so those clients are
+    refused instead."""
+    python_path = os.pathsep.join(
+        filter(None, [str(SLOW_WORKER_SITE), os.environ.get("PYTHONPATH")])
+    )
+    server = start_server(
+        tiny_model_dir,
+        tmp_path,
+        args=("--workers", "2"),
+        drain_delay_s=0.5,
+        drain_timeout_s=20,
+        extra_env={
+            "PYTHONPATH": python_path,
+            "BAYESGATE_TEST_SLOW_WORKER_FLAG": str(tmp_path / "first-worker-started"),
+            "BAYESGATE_TEST_SLOW_WORKER_DELAY_S": "4",
+        },
+    )
+    ready = [r for r in server.log_records() if r["message"].startswith("ready:")]
+    assert len(ready) == 1, ready  # the scenario: one worker serving, one still starting
+    counts = connect_through_sigterm(server)
+    records = server.log_records()
+    assert sum(r["message"].startswith("ready:") for r in records) == 2  # it did start, late
+    assert counts.get("reset", 0) == 0, counts
+    assert counts.get("200", 0) > 0 and counts.get("refused", 0) > 0, counts
+    assert set(counts) <= {"200", "refused"}, counts
+    assert server.proc.returncode == 0
