@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from raw_http import read_response
 from serve_process import start_server
@@ -213,3 +214,82 @@ def test_a_worker_still_starting_at_sigterm_resets_nothing(
     assert counts.get("200", 0) > 0 and counts.get("refused", 0) > 0, counts
     assert set(counts) <= {"200", "refused"}, counts
     assert server.proc.returncode == 0
+
+
+def test_a_sighup_rolling_restart_answers_every_connection_and_keeps_admin_changes(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """uvicorn's supervisor replaces each worker on SIGHUP (the new one ready before the old one
+    is stopped). Clients connecting throughout get only 200s: the old worker's SIGTERM drains as
+    at shutdown, and the supervisor does not refuse new connections (it stops nobody for good),
+    so the shared socket keeps accepting. A threshold set through the admin route before the
+    restart is the one the new workers answer with."""
+    key = "rolling-restart-key-0123"
+    server = start_server(
+        tiny_model_dir,
+        tmp_path,
+        args=("--workers", "2"),
+        drain_delay_s=0.5,
+        drain_timeout_s=20,
+        api_key=key,
+    )
+
+    def ready_count() -> int:
+        return sum(r["message"].startswith("ready:") for r in server.log_records())
+
+    def threshold_served() -> float:
+        r = httpx.post(
+            f"{server.base}/v1/predict",
+            content=BODY,
+            headers={"Content-Type": "application/json"},
+            timeout=30,
+            trust_env=False,
+        )
+        assert r.status_code == 200, r.text
+        return r.json()["predictions"][0]["threshold"]
+
+    try:
+        deadline = time.monotonic() + 120
+        while ready_count() < 2:
+            assert time.monotonic() < deadline, "the second worker never became ready"
+            time.sleep(0.1)
+        changed = httpx.put(
+            f"{server.base}/admin/threshold",
+            json={"threshold": 0.123},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=30,
+            trust_env=False,
+        )
+        assert changed.status_code == 200, changed.text
+
+        async def scenario() -> list[str]:
+            stop = asyncio.Event()
+            clients = [asyncio.ensure_future(through_shutdown(server.port, stop)) for _ in range(4)]
+            await asyncio.sleep(0.5)
+            server.proc.send_signal(signal.SIGHUP)
+            deadline = time.monotonic() + 120
+            while not (ready_count() == 4 and exited_workers() == 2):
+                assert time.monotonic() < deadline, server.log_records()[-5:]
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(0.5)
+            stop.set()
+            return [o for c in await asyncio.gather(*clients) for o in c]
+
+        def exited_workers() -> int:
+            return sum(
+                r["message"].startswith("Finished server process") for r in server.log_records()
+            )
+
+        outcomes = asyncio.run(scenario())
+        assert server.proc.poll() is None, "the server stopped"
+        counts = {o: outcomes.count(o) for o in set(outcomes)}
+        assert set(counts) == {"200"}, counts
+        # Both workers are new now: every answer comes from one that read the change at start-up.
+        assert {threshold_served() for _ in range(8)} == {0.123}
+        messages = [r["message"] for r in server.log_records()]
+        assert not any(m.startswith("new connections refused") for m in messages)
+        assert server.stop() == 0
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait()
