@@ -6,6 +6,7 @@ server's JSON log lines are read back from it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -45,19 +46,31 @@ class Server:
     log_path: Path
 
     def log_records(self) -> list[dict[str, Any]]:
-        """Every stderr line, parsed as JSON (fails on a line that is not)."""
-        lines = self.log_path.read_text().splitlines()
+        """Every complete stderr line, parsed as JSON (fails on a line that is not). A last line
+        without its newline is still being written (the processes log while this reads): left
+        for the next call."""
+        data = self.log_path.read_bytes()
+        lines = data[: data.rfind(b"\n") + 1].decode().splitlines()
         return [json.loads(line) for line in lines if line.strip()]
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
-        if self.proc.poll() is None:
+        """Send ``sig`` and wait for the exit code. SIGKILL (or a timeout) kills the server's whole
+        session: a killed ``--workers N`` supervisor would leave its workers running."""
+        if sig == signal.SIGKILL:
+            self.kill_all()
+        elif self.proc.poll() is None:
             self.proc.send_signal(sig)
         try:
             return self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+            self.kill_all()
             raise
+
+    def kill_all(self) -> None:
+        """SIGKILL to every process of the server's session (it is its own session leader)."""
+        with contextlib.suppress(ProcessLookupError):  # all gone already
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
 
 
 def start_server(
@@ -91,6 +104,7 @@ def start_server(
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=log_file,
+            start_new_session=True,  # its workers too can be killed at once (Server.kill_all)
         )
     server = Server(proc, f"http://127.0.0.1:{port}", port, log_path)
     deadline = time.monotonic() + ready_timeout

@@ -19,6 +19,7 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -111,28 +112,58 @@ async def through_shutdown(port: int, stop: asyncio.Event) -> list[str]:
     return outcomes
 
 
-def connect_through_sigterm(server: Any) -> dict[str, int]:
-    """Four clients connecting (``through_shutdown``) from 0.5 s before SIGTERM until the server
-    has exited: how many connections ended in each outcome."""
+def count_messages(server: Any, prefix: str) -> int:
+    """How many of the server's log records (all its processes) start with ``prefix``."""
+    return sum(r["message"].startswith(prefix) for r in server.log_records())
+
+
+def start_two_workers(model_dir: Path, log_dir: Path, **settings: Any) -> Any:
+    """``bayesgate serve --workers 2`` (drain delay 0.5 s), once both workers are ready:
+    ``/readyz`` answered by one of them says nothing of the other."""
+    server = start_server(
+        model_dir,
+        log_dir,
+        args=("--workers", "2"),
+        drain_delay_s=0.5,
+        drain_timeout_s=20,
+        **settings,
+    )
+    deadline = time.monotonic() + 120
+    while count_messages(server, "ready:") < 2:
+        assert time.monotonic() < deadline, "the second worker never became ready"
+        time.sleep(0.1)
+    return server
+
+
+def connect_through_signal(
+    server: Any, sig: int = signal.SIGTERM, done: Callable[[], bool] | None = None
+) -> dict[str, int]:
+    """Four clients connecting (``through_shutdown``) from 0.5 s before ``sig`` until ``done()``
+    (default: the server has exited): how many connections ended in each outcome."""
+    finished = done or (lambda: server.proc.poll() is not None)
 
     async def scenario() -> list[str]:
         stop = asyncio.Event()
         clients = [asyncio.ensure_future(through_shutdown(server.port, stop)) for _ in range(4)]
         await asyncio.sleep(0.5)
-        server.proc.send_signal(signal.SIGTERM)
-        while server.proc.poll() is None:
+        server.proc.send_signal(sig)
+        deadline = time.monotonic() + 120
+        while not finished():
+            assert time.monotonic() < deadline, server.log_records()[-5:]
             await asyncio.sleep(0.05)
         await asyncio.sleep(0.2)
         stop.set()
         return [o for c in await asyncio.gather(*clients) for o in c]
 
-    try:
-        outcomes = asyncio.run(scenario())
-    finally:
-        if server.proc.poll() is None:
-            server.proc.kill()
-            server.proc.wait()
+    outcomes = asyncio.run(scenario())
     return {o: outcomes.count(o) for o in set(outcomes)}
+
+
+def assert_answered_or_refused(server: Any, counts: dict[str, int]) -> None:
+    assert counts.get("reset", 0) == 0, counts
+    assert counts.get("200", 0) > 0 and counts.get("refused", 0) > 0, counts
+    assert set(counts) <= {"200", "refused"}, counts
+    assert server.proc.returncode == 0
 
 
 # auto is uvloop where installed (CI: yes); asyncio is the standard library's loop with bayesgate's
@@ -141,20 +172,7 @@ def connect_through_sigterm(server: Any) -> dict[str, int]:
 def test_two_workers_refuse_rather_than_reset_after_they_stop_accepting(
     tiny_model_dir: Path, tmp_path: Path, event_loop: str
 ) -> None:
-    server = start_server(
-        tiny_model_dir,
-        tmp_path,
-        args=("--workers", "2"),
-        drain_delay_s=0.5,
-        drain_timeout_s=20,
-        event_loop=event_loop,
-    )
-    # Steady state: both workers ready (/readyz answered by one of them says nothing of the other;
-    # a worker still starting when SIGTERM arrives is the next test's case).
-    deadline = time.monotonic() + 120
-    while sum(r["message"].startswith("ready:") for r in server.log_records()) < 2:
-        assert time.monotonic() < deadline, "the second worker never became ready"
-        time.sleep(0.1)
+    server = start_two_workers(tiny_model_dir, tmp_path, event_loop=event_loop)
     loops = {
         r["message"].rsplit("event loop ", 1)[1]
         for r in server.log_records()
@@ -166,11 +184,11 @@ def test_two_workers_refuse_rather_than_reset_after_they_stop_accepting(
         repaired = "bayesgate.ServingSelectorEventLoop"
         assert loops == {repaired if uvloop_missing() else "uvloop.Loop"}, loops
 
-    counts = connect_through_sigterm(server)
-    assert counts.get("reset", 0) == 0, counts
-    assert counts.get("200", 0) > 0 and counts.get("refused", 0) > 0, counts
-    assert set(counts) <= {"200", "refused"}, counts
-    assert server.proc.returncode == 0
+    try:
+        counts = connect_through_signal(server)
+    finally:
+        server.stop(signal.SIGKILL)
+    assert_answered_or_refused(server, counts)
     # The supervisor stopped the shared accept queue from growing before the workers closed it
     # (the last gap: http_server.refuse_new_connections; test_listener_close.py opens it).
     messages = [r["message"] for r in server.log_records()]
@@ -205,15 +223,14 @@ def test_a_worker_still_starting_at_sigterm_resets_nothing(
             "BAYESGATE_TEST_SLOW_WORKER_DELAY_S": "4",
         },
     )
-    ready = [r for r in server.log_records() if r["message"].startswith("ready:")]
-    assert len(ready) == 1, ready  # the scenario: one worker serving, one still starting
-    counts = connect_through_sigterm(server)
-    records = server.log_records()
-    assert sum(r["message"].startswith("ready:") for r in records) == 2  # it did start, late
-    assert counts.get("reset", 0) == 0, counts
-    assert counts.get("200", 0) > 0 and counts.get("refused", 0) > 0, counts
-    assert set(counts) <= {"200", "refused"}, counts
-    assert server.proc.returncode == 0
+    # The scenario: one worker serving, one still starting.
+    assert count_messages(server, "ready:") == 1, server.log_records()
+    try:
+        counts = connect_through_signal(server)
+    finally:
+        server.stop(signal.SIGKILL)
+    assert count_messages(server, "ready:") == 2  # it did start, late
+    assert_answered_or_refused(server, counts)
 
 
 def test_a_sighup_rolling_restart_answers_every_connection_and_keeps_admin_changes(
@@ -225,17 +242,7 @@ def test_a_sighup_rolling_restart_answers_every_connection_and_keeps_admin_chang
     so the shared socket keeps accepting. A threshold set through the admin route before the
     restart is the one the new workers answer with."""
     key = "rolling-restart-key-0123"
-    server = start_server(
-        tiny_model_dir,
-        tmp_path,
-        args=("--workers", "2"),
-        drain_delay_s=0.5,
-        drain_timeout_s=20,
-        api_key=key,
-    )
-
-    def ready_count() -> int:
-        return sum(r["message"].startswith("ready:") for r in server.log_records())
+    server = start_two_workers(tiny_model_dir, tmp_path, api_key=key)
 
     def threshold_served() -> float:
         r = httpx.post(
@@ -248,11 +255,11 @@ def test_a_sighup_rolling_restart_answers_every_connection_and_keeps_admin_chang
         assert r.status_code == 200, r.text
         return r.json()["predictions"][0]["threshold"]
 
+    def replaced() -> bool:  # two new workers ready, the two old ones finished
+        finished = count_messages(server, "Finished server process")
+        return count_messages(server, "ready:") == 4 and finished == 2
+
     try:
-        deadline = time.monotonic() + 120
-        while ready_count() < 2:
-            assert time.monotonic() < deadline, "the second worker never became ready"
-            time.sleep(0.1)
         changed = httpx.put(
             f"{server.base}/admin/threshold",
             json={"threshold": 0.123},
@@ -261,35 +268,12 @@ def test_a_sighup_rolling_restart_answers_every_connection_and_keeps_admin_chang
             trust_env=False,
         )
         assert changed.status_code == 200, changed.text
-
-        async def scenario() -> list[str]:
-            stop = asyncio.Event()
-            clients = [asyncio.ensure_future(through_shutdown(server.port, stop)) for _ in range(4)]
-            await asyncio.sleep(0.5)
-            server.proc.send_signal(signal.SIGHUP)
-            deadline = time.monotonic() + 120
-            while not (ready_count() == 4 and exited_workers() == 2):
-                assert time.monotonic() < deadline, server.log_records()[-5:]
-                await asyncio.sleep(0.1)
-            await asyncio.sleep(0.5)
-            stop.set()
-            return [o for c in await asyncio.gather(*clients) for o in c]
-
-        def exited_workers() -> int:
-            return sum(
-                r["message"].startswith("Finished server process") for r in server.log_records()
-            )
-
-        outcomes = asyncio.run(scenario())
+        counts = connect_through_signal(server, signal.SIGHUP, done=replaced)
         assert server.proc.poll() is None, "the server stopped"
-        counts = {o: outcomes.count(o) for o in set(outcomes)}
         assert set(counts) == {"200"}, counts
         # Both workers are new now: every answer comes from one that read the change at start-up.
         assert {threshold_served() for _ in range(8)} == {0.123}
-        messages = [r["message"] for r in server.log_records()]
-        assert not any(m.startswith("new connections refused") for m in messages)
+        assert count_messages(server, "new connections refused") == 0
         assert server.stop() == 0
     finally:
-        if server.proc.poll() is None:
-            server.proc.kill()
-            server.proc.wait()
+        server.stop(signal.SIGKILL)
