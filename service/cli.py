@@ -225,6 +225,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 loop=LOOP_FACTORIES[settings.event_loop],
                 h11_max_incomplete_event_size=settings.max_header_bytes,
                 timeout_keep_alive=settings.keep_alive_timeout_s,
+                timeout_worker_healthcheck=settings.worker_healthcheck_timeout_s,
             ),
             drain_delay_s=settings.drain_delay_s,
         )

@@ -94,6 +94,15 @@ class Settings(BaseSettings):
     keep_alive_timeout_s: int = Field(
         5, ge=1, description="an idle keep-alive connection is closed after this many seconds"
     )
+    worker_healthcheck_timeout_s: int = Field(
+        60,
+        ge=1,
+        le=3600,
+        description="with --workers N: how long a new worker of a SIGHUP rolling restart may take "
+        "to become ready, and a running worker to answer the supervisor's health check, before "
+        "it is killed (uvicorn's timeout_worker_healthcheck, whose default 5 s is shorter than "
+        "a worker's start on a busy machine)",
+    )
     num_threads: int = Field(0, ge=0, description="torch CPU threads; 0 = torch's default")
     switch_interval_us: float = Field(
         100.0,

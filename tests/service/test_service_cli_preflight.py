@@ -157,3 +157,28 @@ def test_the_event_loop_setting_reaches_uvicorn(
         assert loop_label(loop) == "bayesgate.ServingSelectorEventLoop"
     finally:
         loop.close()
+
+
+@pytest.mark.parametrize(
+    ("env", "healthcheck_s", "delay_s"),
+    [({}, 60, 2.0), ({"WORKER_HEALTHCHECK_TIMEOUT_S": "7", "DRAIN_DELAY_S": "0.75"}, 7, 0.75)],
+)
+def test_worker_settings_reach_uvicorn_and_the_supervisor(
+    tiny_model_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    env: dict[str, str],
+    healthcheck_s: int,
+    delay_s: float,
+) -> None:
+    """uvicorn's own 5 s would abandon a SIGHUP restart whose new worker is still loading; the
+    supervisor needs the drain delay to refuse new connections just before it ends."""
+    seen: list[tuple[Any, dict[str, Any]]] = []
+    monkeypatch.setattr(service_cli, "run_uvicorn", lambda config, **kw: seen.append((config, kw)))
+    for name in ("WORKER_HEALTHCHECK_TIMEOUT_S", "DRAIN_DELAY_S"):
+        monkeypatch.delenv(f"BAYESGATE_{name}", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(f"BAYESGATE_{name}", value)
+    assert main(["serve", "--model-dir", str(tiny_model_dir), "--port", str(free_port())]) == 0
+    config, kwargs = seen[0]
+    assert config.timeout_worker_healthcheck == healthcheck_s
+    assert kwargs == {"drain_delay_s": delay_s}
