@@ -277,3 +277,28 @@ def test_a_sighup_rolling_restart_answers_every_connection_and_keeps_admin_chang
         assert server.stop() == 0
     finally:
         server.stop(signal.SIGKILL)
+
+
+def test_sigttin_and_sigttou_add_and_retire_a_worker_answering_every_connection(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """uvicorn's supervisor starts one worker more on SIGTTIN and stops one (drained, as at a
+    restart) on SIGTTOU; clients connecting throughout get only 200s both times."""
+    server = start_two_workers(tiny_model_dir, tmp_path)
+    try:
+        added = connect_through_signal(
+            server, signal.SIGTTIN, done=lambda: count_messages(server, "ready:") == 3
+        )
+        assert set(added) == {"200"}, added
+        retired = connect_through_signal(
+            server,
+            signal.SIGTTOU,
+            done=lambda: count_messages(server, "Finished server process") == 1,
+        )
+        assert set(retired) == {"200"}, retired
+        assert server.proc.poll() is None, "the server stopped"
+        assert count_messages(server, "new connections refused") == 0
+        assert server.stop() == 0
+        assert count_messages(server, "Finished server process") == 3  # the two left stopped
+    finally:
+        server.stop(signal.SIGKILL)
