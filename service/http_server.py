@@ -47,8 +47,6 @@ from uvicorn.supervisors import Multiprocess
 
 from bayesgate.service.bad_requests import NamedBadRequests, record_h11_errors
 
-log = logging.getLogger("bayesgate.service")
-
 _adopting: set[asyncio.Task[Any]] = set()  # connections being handed to the protocol
 
 SO_ATTACH_FILTER = 26  # <asm-generic/socket.h>; Python's socket module does not name it
@@ -119,7 +117,12 @@ def refuse_new_connections(listener: socket.socket) -> bool:
     try:
         listener.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
     except OSError as exc:
-        log.warning("cannot stop the listening socket's accept queue from growing: %s", exc)
+        # uvicorn's logger: configured in the supervisor process as well as in the workers
+        logging.getLogger("uvicorn.error").warning(
+            "cannot stop the listening socket's accept queue from growing (%s): a connection "
+            "made just before it closes can be reset",
+            exc,
+        )
         return False
     return True
 

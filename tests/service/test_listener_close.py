@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import select
 import signal
 import socket
@@ -206,3 +207,26 @@ def test_after_sigint_the_supervisor_refuses_at_once(
     sup.terminate_all()
     assert time.monotonic() - started < 1.0
     assert sock.fileno() == -1
+
+
+def test_a_socket_the_filter_cannot_go_on_is_reported_not_raised() -> None:
+    """A kernel (or sandbox) that refuses the filter leaves the gap open: shutdown goes on, with
+    a warning naming the consequence (on uvicorn's logger, configured in every process)."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("uvicorn.error")
+    saved = logger.level, logger.disabled
+    logger.setLevel(logging.WARNING)  # whatever an earlier test's logging config left
+    logger.disabled = False
+    logger.addHandler(handler)  # directly: uvicorn's logging config may stop propagation
+    sock = listening()
+    sock.close()  # setsockopt on a closed socket fails (EBADF), as a refused filter would
+    try:
+        assert refuse_new_connections(sock) is False
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(saved[0])
+        logger.disabled = saved[1]
+    (record,) = records
+    assert "can be reset" in record.getMessage() and "Bad file descriptor" in record.getMessage()
