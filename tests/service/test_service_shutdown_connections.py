@@ -117,8 +117,8 @@ def count_messages(server: Any, prefix: str) -> int:
     return sum(r["message"].startswith(prefix) for r in server.log_records())
 
 
-def start_two_workers(model_dir: Path, log_dir: Path, **settings: Any) -> Any:
-    """``bayesgate serve --workers 2`` (drain delay 0.5 s), once both workers are ready:
+def start_two_workers(model_dir: Path, log_dir: Path, ready: int = 2, **settings: Any) -> Any:
+    """``bayesgate serve --workers 2`` (drain delay 0.5 s), once ``ready`` workers are:
     ``/readyz`` answered by one of them says nothing of the other."""
     server = start_server(
         model_dir,
@@ -129,7 +129,7 @@ def start_two_workers(model_dir: Path, log_dir: Path, **settings: Any) -> Any:
         **settings,
     )
     deadline = time.monotonic() + 120
-    while count_messages(server, "ready:") < 2:
+    while count_messages(server, "ready:") < ready:
         assert time.monotonic() < deadline, "the second worker never became ready"
         time.sleep(0.1)
     return server
@@ -211,12 +211,10 @@ def test_a_worker_still_starting_at_sigterm_resets_nothing(
     python_path = os.pathsep.join(
         filter(None, [str(SLOW_WORKER_SITE), os.environ.get("PYTHONPATH")])
     )
-    server = start_server(
+    server = start_two_workers(
         tiny_model_dir,
         tmp_path,
-        args=("--workers", "2"),
-        drain_delay_s=0.5,
-        drain_timeout_s=20,
+        ready=1,
         extra_env={
             "PYTHONPATH": python_path,
             "BAYESGATE_TEST_SLOW_WORKER_FLAG": str(tmp_path / "first-worker-started"),
