@@ -5,11 +5,11 @@ and one-line start-up failures.
 ``X-Request-ID`` when it is 1–128 safe characters, else a new one — echoes it in the response's
 ``X-Request-ID``, makes it visible to every log record of the request
 (:data:`bayesgate.service.logs.REQUEST_ID`), counts and times the request in Prometheus by route
-template,
-and writes one JSON access-log line (``bayesgate.access``; health, readiness and metrics probes at
-DEBUG so they do not flood the log). Query strings and headers are never logged. A client that
-hangs up before its body is read (Starlette's ``ClientDisconnect``) is logged and counted as 499,
-with no traceback: there is nobody to answer.
+template — before the answer's last byte is sent, so a client that has read its answer finds it
+counted — and writes one JSON access-log line (``bayesgate.access``; health, readiness and
+metrics probes at DEBUG so they do not flood the log). Query strings and headers are never
+logged. A client that hangs up before its body is read (Starlette's ``ClientDisconnect``) is
+logged and counted as 499, with no traceback: there is nobody to answer.
 
 :class:`BodyLimitMiddleware` answers 413 before reading a body whose ``Content-Length`` is too
 large, and stops a chunked body as soon as it grows past the limit (``PayloadTooLarge`` is raised
@@ -108,9 +108,10 @@ class RequestContextMiddleware:
         token = REQUEST_ID.set(request_id)
         status = 500
         sent = 0
+        counted = False
 
         async def send_with_id(message: Message) -> None:
-            nonlocal status, sent
+            nonlocal status, sent, counted
             if message["type"] == "http.response.start":
                 status = message["status"]
                 headers = [h for h in message.get("headers", []) if h[0].lower() != b"x-request-id"]
@@ -121,6 +122,11 @@ class RequestContextMiddleware:
                 message = {**message, "headers": headers}
             elif message["type"] == "http.response.body":
                 sent += len(message.get("body", b""))
+                if not message.get("more_body", False) and not counted:
+                    # Counted before the last byte goes out, so a client that has read its
+                    # answer finds it in /metrics (the native front end does the same).
+                    counted = True
+                    self._count(scope, status, time.perf_counter() - start)
             await send(message)
 
         try:
@@ -136,15 +142,22 @@ class RequestContextMiddleware:
             status = 500
             raise
         finally:
-            self._record(scope, status, sent, time.perf_counter() - start)
+            seconds = time.perf_counter() - start
+            self._log(scope, status, sent, seconds)
+            if not counted:  # no complete answer went out (499, 500, a cancelled request):
+                self._count(scope, status, seconds)  # logged first, so a counted one is logged
             REQUEST_ID.reset(token)
 
-    def _record(self, scope: Scope, status: int, sent: int, seconds: float) -> None:
-        """Prometheus metrics by route template, and one access-log line (probes at DEBUG)."""
+    def _count(self, scope: Scope, status: int, seconds: float) -> None:
+        """Prometheus request counter and latency by route template (once per request)."""
+        if self.metrics is not None:
+            route = self.route_of(scope.get("path", ""))
+            self.metrics.observe_http(scope.get("method", ""), route, status, seconds)
+
+    def _log(self, scope: Scope, status: int, sent: int, seconds: float) -> None:
+        """One access-log line, after the answer went out (probes at DEBUG)."""
         route = self.route_of(scope.get("path", ""))
         method = scope.get("method", "")
-        if self.metrics is not None:
-            self.metrics.observe_http(method, route, status, seconds)
         if not self.access_log:
             return
         level = logging.DEBUG if route in QUIET_ROUTES and status < 400 else logging.INFO
