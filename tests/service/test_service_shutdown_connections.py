@@ -18,6 +18,7 @@ import asyncio
 import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -201,16 +202,17 @@ SLOW_WORKER_SITE = Path(__file__).parent / "slow_worker_site"
 def test_a_worker_still_starting_at_sigterm_resets_nothing(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    """The second worker waits 4 s before its start-up (``slow_worker_site``, as a worker still
-    loading a large model): SIGTERM reaches it before it listens, so it never runs the drain —
-    it starts listening once ready and stops at once. It holds the shared socket meanwhile: the
-    kernel used to queue every connection made after the first worker stopped accepting and
-    reset them when the late worker closed it (seen once, 4 resets, with a worker that took
-    19 s to start). The supervisor's filter stops the queue growing, so those clients are
-    refused instead."""
+    """The second worker waits before its start-up (``slow_worker_site``, as a worker still
+    loading a large model) until the test releases it, 2 s after SIGTERM: so SIGTERM reaches it
+    before it listens, and it never runs the drain — it starts listening once ready and stops at
+    once. It holds the shared socket meanwhile: the kernel used to queue every connection made
+    after the first worker stopped accepting and reset them when the late worker closed it (seen
+    once, 4 resets, with a worker that took 19 s to start). The supervisor's filter stops the
+    queue growing, so those clients are refused instead."""
     python_path = os.pathsep.join(
         filter(None, [str(SLOW_WORKER_SITE), os.environ.get("PYTHONPATH")])
     )
+    release = tmp_path / "release-the-second-worker"
     server = start_two_workers(
         tiny_model_dir,
         tmp_path,
@@ -218,15 +220,20 @@ def test_a_worker_still_starting_at_sigterm_resets_nothing(
         extra_env={
             "PYTHONPATH": python_path,
             "BAYESGATE_TEST_SLOW_WORKER_FLAG": str(tmp_path / "first-worker-started"),
-            "BAYESGATE_TEST_SLOW_WORKER_DELAY_S": "4",
+            "BAYESGATE_TEST_SLOW_WORKER_RELEASE": str(release),
         },
     )
     # The scenario: one worker serving, one still starting.
     assert count_messages(server, "ready:") == 1, server.log_records()
+    # connect_through_signal sends SIGTERM 0.5 s in; the late worker may start 2 s after it.
+    timer = threading.Timer(2.5, release.touch)
+    timer.start()
     try:
         counts = connect_through_signal(server)
     finally:
+        timer.cancel()
         server.stop(signal.SIGKILL)
+    assert release.exists()  # the late worker was let go only after the signal
     assert count_messages(server, "ready:") == 2  # it did start, late
     assert_answered_or_refused(server, counts)
 

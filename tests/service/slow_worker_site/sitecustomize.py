@@ -1,12 +1,14 @@
 """Test-only start-up hook (on PYTHONPATH for one test's server): the second ``bayesgate serve``
-worker process to start waits ``BAYESGATE_TEST_SLOW_WORKER_DELAY_S`` before uvicorn's start-up, as
-a worker still loading a large model would, so that SIGTERM can reach it before it listens.
+worker process to start waits, before uvicorn's start-up, until the file
+``BAYESGATE_TEST_SLOW_WORKER_RELEASE`` exists (at most 120 s) — as a worker still loading a large
+model would — so that the test decides when it may start, e.g. only after SIGTERM reached it.
 
 The first process to create ``BAYESGATE_TEST_SLOW_WORKER_FLAG`` starts at once; the supervisor
 never runs ``uvicorn.Server.startup``, so only the workers take part."""
 
 import asyncio
 import os
+import time
 
 from uvicorn.server import Server
 
@@ -17,7 +19,10 @@ async def _slow_second_startup(self, sockets=None):  # type: ignore[no-untyped-d
     try:
         os.close(os.open(os.environ["BAYESGATE_TEST_SLOW_WORKER_FLAG"], os.O_CREAT | os.O_EXCL))
     except FileExistsError:
-        await asyncio.sleep(float(os.environ["BAYESGATE_TEST_SLOW_WORKER_DELAY_S"]))
+        deadline = time.monotonic() + 120
+        release = os.environ["BAYESGATE_TEST_SLOW_WORKER_RELEASE"]
+        while not os.path.exists(release) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
     return await _startup(self, sockets)
 
 
