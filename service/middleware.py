@@ -106,6 +106,7 @@ class RequestContextMiddleware:
                 break
         request_id = accept_request_id(offered)
         token = REQUEST_ID.set(request_id)
+        route = self.route_of(scope.get("path", ""))  # metrics and the access log
         status = 500
         sent = 0
         counted = False
@@ -126,7 +127,7 @@ class RequestContextMiddleware:
                     # Counted before the last byte goes out, so a client that has read its
                     # answer finds it in /metrics (the native front end does the same).
                     counted = True
-                    self._count(scope, status, time.perf_counter() - start)
+                    self._count(scope, route, status, time.perf_counter() - start)
             await send(message)
 
         try:
@@ -143,20 +144,18 @@ class RequestContextMiddleware:
             raise
         finally:
             seconds = time.perf_counter() - start
-            self._log(scope, status, sent, seconds)
+            self._log(scope, route, status, sent, seconds)
             if not counted:  # no complete answer went out (499, 500, a cancelled request):
-                self._count(scope, status, seconds)  # logged first, so a counted one is logged
+                self._count(scope, route, status, seconds)  # logged first: a counted one is logged
             REQUEST_ID.reset(token)
 
-    def _count(self, scope: Scope, status: int, seconds: float) -> None:
+    def _count(self, scope: Scope, route: str, status: int, seconds: float) -> None:
         """Prometheus request counter and latency by route template (once per request)."""
         if self.metrics is not None:
-            route = self.route_of(scope.get("path", ""))
             self.metrics.observe_http(scope.get("method", ""), route, status, seconds)
 
-    def _log(self, scope: Scope, status: int, sent: int, seconds: float) -> None:
+    def _log(self, scope: Scope, route: str, status: int, sent: int, seconds: float) -> None:
         """One access-log line, after the answer went out (probes at DEBUG)."""
-        route = self.route_of(scope.get("path", ""))
         method = scope.get("method", "")
         if not self.access_log:
             return
