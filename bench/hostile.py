@@ -49,9 +49,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "service"))
 from hostile_inputs import png_bomb  # noqa: E402
 from load import HOST, Server, free_port  # noqa: E402
+from prometheus_text import metric_value  # noqa: E402
 from raw_http import (  # noqa: E402
     aborted_upload,
-    metric_value,
     multipart_body,
     read_response,
 )

@@ -7,7 +7,6 @@ honours; these do, with bounded loops and timeouts.
 from __future__ import annotations
 
 import json
-import re
 import socket
 import time
 
@@ -66,19 +65,6 @@ def read_response(sock: socket.socket, limit: int = 1 << 20) -> tuple[int, dict[
             break
         body += chunk
     return status, headers, body
-
-
-def metric_value(exposition: str, name: str, **labels: str) -> float:
-    """Sum of the samples of ``name`` whose labels include ``labels`` (0 when none)."""
-    total = 0.0
-    for line in exposition.splitlines():
-        match = re.match(rf"^{re.escape(name)}(?:\{{(.*)\}})? (\S+)$", line)
-        if not match:
-            continue
-        got = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1) or ""))
-        if all(got.get(k) == v for k, v in labels.items()):
-            total += float(match.group(2))
-    return total
 
 
 def json_body(body: bytes) -> dict:

@@ -35,6 +35,7 @@ from bayesgate.service.native_bridge import NativeBridge, start_native_front
 from bayesgate.service.native_build import CRATE, cache_root, find_cargo, library_path
 from bayesgate.service.served_model import load_served_model
 from bayesgate.service.settings import Settings
+from tests.service.prometheus_text import sample
 from tests.service.serve_process import API_KEY, bayesgate_command, free_port, start_server
 from tests.service.test_front_end_protos import infer
 
@@ -63,14 +64,6 @@ def binary_body(x: torch.Tensor, parameters: dict, outputs: list | None = None) 
         header["outputs"] = outputs
     head = json.dumps(header).encode()
     return head + raw, {"Inference-Header-Content-Length": str(len(head))}
-
-
-def metric(text: str, name: str, labels: str = "") -> float:
-    """One sample of the Prometheus text format (``name{labels} value``)."""
-    pattern = re.escape(name) + (r"\{" + re.escape(labels) + r"\}" if labels else "") + r" (\S+)"
-    found = re.search(r"^" + pattern + r"$", text, re.M)
-    assert found, f"{name}{{{labels}}} not in /metrics"
-    return float(found.group(1))
 
 
 # --- the library ----------------------------------------------------------------------------------
@@ -303,18 +296,18 @@ def test_answers_are_counted_logged_and_exported(
     registry.register(NativeCollector(bridge.front))
     text = generate_latest(registry).decode()
     # outcomes are counted before an answer is written, so they are exact once it has arrived
-    assert metric(text, "bayesgate_native_requests_total", 'outcome="answered"') == 3
-    assert metric(text, "bayesgate_native_requests_total", 'outcome="relayed"') == 1
-    assert metric(text, "bayesgate_native_requests_total", 'outcome="upstream_unreachable"') == 1
-    assert metric(text, "bayesgate_native_images_total") == 6
+    assert sample(text, "bayesgate_native_requests_total", outcome="answered") == 3
+    assert sample(text, "bayesgate_native_requests_total", outcome="relayed") == 1
+    assert sample(text, "bayesgate_native_requests_total", outcome="upstream_unreachable") == 1
+    assert sample(text, "bayesgate_native_images_total") == 6
     # the latency histogram and the access log come after the write (the duration includes it)
     deadline = time.monotonic() + 10
-    while (metric(text, "bayesgate_native_request_duration_seconds_count") < 4
+    while (sample(text, "bayesgate_native_request_duration_seconds_count") < 4
            and time.monotonic() < deadline):  # fmt: skip
         time.sleep(0.01)
         text = generate_latest(registry).decode()
-    assert metric(text, "bayesgate_native_request_duration_seconds_count") == 4
-    assert metric(text, "bayesgate_native_request_duration_seconds_bucket", 'le="+Inf"') == 4
+    assert sample(text, "bayesgate_native_request_duration_seconds_count") == 4
+    assert sample(text, "bayesgate_native_request_duration_seconds_bucket", le="+Inf") == 4
     lines: list[dict] = []
     while len(lines) < 4 and time.monotonic() < deadline:
         lines += [json.loads(line) for line in capfd.readouterr().err.splitlines()
@@ -482,8 +475,8 @@ def test_the_native_port_answers_as_the_service_does(tmp_path: Path) -> None:
         stats = httpx.get(f"{fast}/v1/stats", trust_env=False).json()  # relayed
         assert stats["requests_succeeded"] >= 2 * 4 + 2  # each native request counted
         text = httpx.get(f"{main}/metrics", trust_env=False).text
-        assert metric(text, "bayesgate_native_requests_total", 'outcome="answered"') == 4
-        assert metric(text, "bayesgate_native_requests_total", 'outcome="relayed"') >= 6
+        assert sample(text, "bayesgate_native_requests_total", outcome="answered") == 4
+        assert sample(text, "bayesgate_native_requests_total", outcome="relayed") >= 6
         records = server.log_records()
         native_lines = [r for r in records if r.get("front") == "native"]
         assert len(native_lines) == 4 and {r["status"] for r in native_lines} == {200}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from raw_http import metric_value
+from prometheus_text import metric_value
 from starlette.requests import ClientDisconnect
 from starlette.types import Message, Receive, Scope, Send
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import torch
-from raw_http import metric_value
+from prometheus_text import metric_value
 from test_service_admission import WAIT_S, until
 from torch import nn
 

@@ -23,7 +23,8 @@ from pathlib import Path
 import httpx
 import pytest
 from PIL import Image
-from raw_http import aborted_upload, json_body, metric_value, multipart_body, read_response
+from prometheus_text import metric_value
+from raw_http import aborted_upload, json_body, multipart_body, read_response
 from serve_process import Server, start_server
 
 ABORTED = 40

@@ -17,7 +17,7 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from prometheus_client.parser import text_string_to_metric_families
+from prometheus_text import samples
 from serve_process import API_KEY, Server, per_process, start_server
 
 from bayesgate.models.mc.engine import mc_predict
@@ -424,12 +424,7 @@ def test_body_over_the_limit_is_refused_before_it_is_sent(live: dict) -> None:
 
 
 def _metrics(server: Server) -> dict[tuple[str, frozenset], float]:
-    text = httpx.get(f"{server.base}/metrics", trust_env=False).text
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
+    return samples(httpx.get(f"{server.base}/metrics", trust_env=False).text)
 
 
 PREDICT_OK = {"method": "POST", "route": "/v1/predict", "status": "200"}

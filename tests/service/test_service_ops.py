@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+from prometheus_text import family_names, samples, value
 
 from bayesgate.cli import main
 from bayesgate.models.store.calibration import read_calibration, write_calibration
@@ -31,19 +31,6 @@ pytestmark = pytest.mark.anyio
 KEY = "0123456789abcdef-admin"
 BLANK = [0.0] * 784
 NOISE = [(i * 7919 % 1000) / 1000 for i in range(784)]
-
-
-def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    """Prometheus text → {(sample name, labels): value}, parsed by prometheus_client's parser."""
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, frozenset(s.labels.items()))] = s.value
-    return out
-
-
-def value(table: dict, name: str, **labels: str) -> float:
-    return table.get((name, frozenset(labels.items())), 0.0)
 
 
 async def test_metrics_count_what_was_served(
@@ -73,7 +60,7 @@ async def test_metrics_count_what_was_served(
         response = await client.get("/metrics")
     assert response.headers["content-type"].startswith("text/plain")
     after = samples(response.text)
-    names = {f.name for f in text_string_to_metric_families(response.text)}
+    names = family_names(response.text)
     assert {n.removesuffix("_total") for n in METRIC_NAMES} <= names
 
     def delta(name: str, **labels: str) -> float:

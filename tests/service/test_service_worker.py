@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from raw_http import metric_value
+from prometheus_text import metric_value
 from torch import nn
 
 from bayesgate.models.store.directory import load_model
