@@ -7,6 +7,9 @@ value, a path, a file. ``bayesgate --debug`` shows the traceback of user errors 
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 
 class UserError(Exception):
     """A problem with the user's input, explained by the message alone."""
@@ -34,3 +37,37 @@ def check_at_least(flag: str, value: int | None, minimum: int = 1) -> None:
     ``minimum`` — counts, sizes and limits (``minimum=1``), seeds (``minimum=0``)."""
     if value is not None and value < minimum:
         raise InvalidArgument(f"{flag} must be ≥ {minimum}, got {value}")
+
+
+def writable_file(path: Path, flag: str, suffix: str | None = None) -> None:
+    """:class:`InvalidArgument` naming ``flag`` unless ``path`` can be written as a file — call it
+    before the work, so that a typo does not lose a long run at its end. Creates the missing
+    folders (as the commands' outputs do); refuses a path that is a folder, and a ``suffix``
+    (e.g. ``.npz``) other than the one asked for."""
+    if suffix is not None and path.suffix != suffix:
+        raise InvalidArgument(f"{flag} {path}: must end in {suffix}")
+    if path.is_dir():
+        raise InvalidArgument(f"{flag} {path}: is a folder, not a file")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidArgument(
+            f"{flag} {path}: cannot create {path.parent} ({exc.strerror or exc})"
+        ) from None
+    if not os.access(path.parent, os.W_OK):
+        raise InvalidArgument(f"{flag} {path}: {path.parent} is not writable")
+
+
+def writable_dir(path: Path, flag: str) -> None:
+    """:class:`InvalidArgument` naming ``flag`` unless ``path`` is, or can be created as, a
+    writable folder. Creates nothing (a command may refuse an existing ``--out``): the nearest
+    existing ancestor must be a writable folder, and ``path`` itself, when it exists, a folder."""
+    if path.exists() and not path.is_dir():
+        raise InvalidArgument(f"{flag} {path}: is a file, not a folder")
+    ancestor = path
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise InvalidArgument(f"{flag} {path}: {ancestor} is a file, not a folder")
+    if not os.access(ancestor, os.W_OK):
+        raise InvalidArgument(f"{flag} {path}: {ancestor} is not writable")
