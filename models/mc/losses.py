@@ -26,15 +26,17 @@ def alpha_energy(log_lik: torch.Tensor, alpha: float) -> torch.Tensor:
     """
     if log_lik.dim() != 2:
         raise ValueError(f"log-likelihoods must be B×K, got shape {tuple(log_lik.shape)}")
-    if alpha < 0:
-        raise ValueError(f"alpha must be ≥ 0, got {alpha}")
+    if not math.isfinite(alpha) or alpha < 0:
+        raise ValueError(f"alpha must be a finite number ≥ 0, got {alpha}")
     if alpha == 0:
         return -log_lik.mean(dim=1)
     return tilted_energy(log_lik, alpha)
 
 
 def tilted_energy(log_lik: torch.Tensor, alpha: torch.Tensor | float) -> torch.Tensor:
-    """``−(1/α)·log mean_k exp(α·ℓ_k)`` over the last axis, for α > 0 (broadcast over the rest).
+    """``−(1/α)·log mean_k exp(α·ℓ_k)`` over the last axis, for α ≥ 0 (broadcast over the rest);
+    an α that is 0 in ``log_lik``'s dtype (float32 rounds α < 1e-45 to 0) is the exact α → 0
+    limit ``−mean_k ℓ_k``, not ``0/0``.
 
     Written as ``−m − (1/α)·log1p(mean_k expm1(α·(ℓ_k − m)))`` with ``m = max_k ℓ_k``: the same
     value, but the form ``logsumexp_k(α·ℓ_k) − log K`` subtracts two numbers of size ``log K``
@@ -43,10 +45,13 @@ def tilted_energy(log_lik: torch.Tensor, alpha: torch.Tensor | float) -> torch.T
     The shift ``m`` carries no gradient (the value does not depend on it).
     """
     alpha = torch.as_tensor(alpha, dtype=log_lik.dtype, device=log_lik.device)
+    zero = alpha == 0
+    safe = torch.where(zero, torch.ones_like(alpha), alpha)  # no 0/0, not even in the backward
     shift = log_lik.detach().amax(dim=-1)
     shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
-    scaled = alpha.unsqueeze(-1) * (log_lik - shift.unsqueeze(-1))
-    return -shift - torch.log1p(torch.expm1(scaled).mean(dim=-1)) / alpha
+    scaled = safe.unsqueeze(-1) * (log_lik - shift.unsqueeze(-1))
+    energy = -shift - torch.log1p(torch.expm1(scaled).mean(dim=-1)) / safe
+    return torch.where(zero, -log_lik.mean(dim=-1), energy)
 
 
 def bbalpha_softmax_loss(mc_logits: torch.Tensor, y: torch.Tensor, alpha: float) -> torch.Tensor:

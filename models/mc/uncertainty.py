@@ -1,7 +1,8 @@
 """Uncertainty measures from MC predictive samples ``probs`` shaped ``B×K×C``.
 
 Notation: ``p_k = probs[:, k]``, ``p̄ = (1/K) Σ_k p_k``, ``H[p] = −Σ_c p_c log p_c`` (computed with
-``torch.special.entr`` so that ``0·log 0 = 0``). All functions return one value per example.
+``torch.special.entr`` so that ``0·log 0 = 0``; :func:`entr`). All functions return one value per
+example.
 """
 
 from __future__ import annotations
@@ -16,6 +17,18 @@ def _check(probs: torch.Tensor) -> None:
         raise ValueError(f"MC probabilities must be B×K×C, got shape {tuple(probs.shape)}")
 
 
+def entr(p: torch.Tensor) -> torch.Tensor:
+    """``−p log p`` elementwise with ``0·log 0 = 0``: ``torch.special.entr``, whose gradient at an
+    exact 0 is ``−(log 0 + 1) = +∞`` — through a softmax that is ``0·∞ = NaN`` for every logit of
+    the row, which would poison an attack's step on any input whose softmax underflows. So when a
+    gradient is needed, the zeros go through ``entr(1) = 0`` and take gradient 0 there; the
+    values are the same bits either way (and without autograd it is ``torch.special.entr``)."""
+    if not p.requires_grad:
+        return torch.special.entr(p)
+    zero = p == 0
+    return torch.where(zero, 0.0, torch.special.entr(torch.where(zero, 1.0, p)))
+
+
 def predictive_mean(probs: torch.Tensor) -> torch.Tensor:
     """``p̄(c|x) = (1/K) Σ_k p_k(c|x)``, shape ``B×C``."""
     _check(probs)
@@ -24,13 +37,13 @@ def predictive_mean(probs: torch.Tensor) -> torch.Tensor:
 
 def predictive_entropy(probs: torch.Tensor) -> torch.Tensor:
     """Total uncertainty ``H[p̄] = −Σ_c p̄_c log p̄_c`` (nats), shape ``B``."""
-    return torch.special.entr(predictive_mean(probs)).sum(dim=-1)
+    return entr(predictive_mean(probs)).sum(dim=-1)
 
 
 def expected_entropy(probs: torch.Tensor) -> torch.Tensor:
     """Aleatoric part ``E = (1/K) Σ_k H[p_k]``, shape ``B``."""
     _check(probs)
-    return torch.special.entr(probs).sum(dim=-1).mean(dim=1)
+    return entr(probs).sum(dim=-1).mean(dim=1)
 
 
 def mutual_information(probs: torch.Tensor) -> torch.Tensor:
@@ -81,8 +94,8 @@ def summary(probs: torch.Tensor) -> dict[str, torch.Tensor]:
     """
     _check(probs)
     mean = probs.mean(dim=1)
-    entropy = torch.special.entr(mean).sum(dim=-1)
-    expected = torch.special.entr(probs).sum(dim=-1).mean(dim=1)
+    entropy = entr(mean).sum(dim=-1)
+    expected = entr(probs).sum(dim=-1).mean(dim=1)
     aleatoric = (mean - probs.pow(2).mean(dim=1)).sum(dim=-1)
     epistemic = (probs - mean.unsqueeze(1)).pow(2).mean(dim=1).sum(dim=-1)
     return {

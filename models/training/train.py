@@ -78,7 +78,10 @@ class TrainConfig:
             raise InvalidArgument(f"the ELBO is the α = 0 limit of BB-α; got alpha={self.alpha}")
         parse_beta_schedule(self.beta_schedule)
         checks = [
-            (self.alpha >= 0, f"alpha must be ≥ 0, got {self.alpha}"),
+            (
+                math.isfinite(self.alpha) and self.alpha >= 0,
+                f"alpha must be a finite number ≥ 0, got {self.alpha}",
+            ),
             (self.k_train >= 1, f"k-train must be ≥ 1, got {self.k_train}"),
             (self.epochs >= 1, f"epochs must be ≥ 1, got {self.epochs}"),
             (self.batch_size >= 1, f"batch size must be ≥ 1, got {self.batch_size}"),

@@ -149,8 +149,8 @@ def grouped_alpha_energy(log_lik: torch.Tensor, alphas: torch.Tensor) -> torch.T
             f"need G×B×K log-likelihoods and G alphas, got {tuple(log_lik.shape)} "
             f"and {tuple(alphas.shape)}"
         )
-    if bool((alphas < 0).any()):
-        raise ValueError(f"alpha must be ≥ 0, got {alphas.tolist()}")
+    if not bool(torch.isfinite(alphas).all()) or bool((alphas < 0).any()):
+        raise ValueError(f"alpha must be a finite number ≥ 0, got {alphas.tolist()}")
     positive = (alphas > 0).view(-1, 1)
     safe = torch.where(positive, alphas.view(-1, 1), torch.ones_like(positive, dtype=alphas.dtype))
     return torch.where(positive, tilted_energy(log_lik, safe), -log_lik.mean(dim=2))

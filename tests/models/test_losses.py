@@ -340,3 +340,44 @@ def test_l2_penalty_of_a_parameter_free_model_is_zero_and_differentiable() -> No
     l2_penalty(model).backward()
     assert torch.allclose(model.weight.grad, 2 * model.weight.detach())
     assert model.bias.grad is None
+
+
+def test_an_alpha_that_underflows_is_the_exact_limit_not_nan() -> None:
+    """float32 rounds α = 1e-50 to 0; the energy is then ``−mean_k ℓ_k`` (the α → 0 limit, by
+    hand here), with a finite gradient, for the scalar loss and the UCI per-member α alike."""
+    from bayesgate.models.uci.network import grouped_alpha_energy
+
+    ell = -torch.rand(4, 6, dtype=torch.float32).requires_grad_()
+    limit = -ell.detach().mean(1)
+    for tiny in (1e-50, 1e-300):
+        energy = alpha_energy(ell, tiny)
+        assert torch.equal(energy.detach(), limit)
+        (g,) = torch.autograd.grad(energy.sum(), ell)
+        torch.testing.assert_close(g, torch.full_like(g, -1 / 6))
+    grouped = grouped_alpha_energy(
+        ell.detach().expand(2, 4, 6), torch.tensor([1e-50, 0.0]).double()
+    )
+    assert torch.equal(grouped, limit.expand(2, 4))
+
+
+@pytest.mark.parametrize("alpha", [math.inf, math.nan, -0.5])
+def test_a_non_finite_or_negative_alpha_is_refused(alpha: float) -> None:
+    from bayesgate.errors import InvalidArgument
+    from bayesgate.models.training.train import TrainConfig
+    from bayesgate.models.uci.network import grouped_alpha_energy
+
+    with pytest.raises(ValueError, match="alpha must be a finite number ≥ 0"):
+        alpha_energy(torch.zeros(2, 3), alpha)
+    with pytest.raises(ValueError, match="alpha must be a finite number ≥ 0"):
+        grouped_alpha_energy(torch.zeros(1, 2, 3), torch.tensor([alpha]))
+    with pytest.raises(InvalidArgument, match="alpha must be a finite number ≥ 0"):
+        TrainConfig(alpha=alpha)
+
+
+def test_a_row_with_no_likely_pass_has_infinite_energy_not_nan() -> None:
+    """Every ``ℓ_k = −∞`` (p(y) underflowed in every pass): the energy is ``+∞`` for every α
+    (``−(1/α)·log 0``), not NaN from ``−∞ − (−∞)`` in the shift."""
+    ell = torch.tensor([[-math.inf, -math.inf, -math.inf], [-1.0, -2.0, -3.0]])
+    for alpha in (0.0, 0.5, 1.0):
+        energy = alpha_energy(ell, alpha)
+        assert energy[0] == math.inf and torch.isfinite(energy[1])

@@ -213,3 +213,27 @@ def test_measures_reject_non_bkc_input(fn) -> None:
         fn(torch.full((4, 3), 1 / 3))
     with pytest.raises(ValueError, match="B×K×C"):
         mc_log_likelihood(torch.zeros(4, 3), torch.zeros(4, dtype=torch.long))
+
+
+def test_gradients_stay_finite_when_a_softmax_underflows_to_exact_zeros() -> None:
+    """A confident pass (``softmax`` of a 120-logit gap is exactly 0 elsewhere in float32) must
+    not turn ∇ of the measures into NaN (``entr``'s derivative at 0 is +∞, and ``0·∞`` is NaN in
+    the softmax's backward). Reference: the gradients of the same functions written out by hand,
+    on logits where nothing underflows, agree with ours there; at the underflowing pass the
+    softmax Jacobian is 0 to float32 precision, so its logits' gradient is 0."""
+    z = torch.tensor([[[120.0, 0.0, 0.0], [0.0, 0.0, 0.0]]], requires_grad=True)
+    assert (torch.softmax(z, -1)[0, 0, 1:] == 0).all()  # the case: exact zeros
+    for fn in (predictive_entropy, mutual_information, expected_entropy):
+        (grad,) = torch.autograd.grad(fn(torch.softmax(z, -1)).sum(), z)
+        assert torch.isfinite(grad).all(), fn.__name__
+        assert torch.equal(grad[0, 0], torch.zeros(3)), fn.__name__
+    # the values are the same bits as torch.special.entr's, with or without autograd
+    probs = torch.softmax(torch.randn(4, 5, 6) * 40, -1).requires_grad_()
+    assert (probs == 0).any()
+    expected = torch.special.entr(probs.detach()).sum(-1).mean(1)
+    assert torch.equal(expected_entropy(probs).detach(), expected)
+    # and where nothing is 0, the gradient is the analytic one: ∂H[p̄]/∂p_kc = −(log p̄_c + 1)/K
+    q = torch.softmax(torch.randn(2, 3, 4), -1).requires_grad_()
+    (g,) = torch.autograd.grad(predictive_entropy(q).sum(), q)
+    analytic = (-(q.detach().mean(1).log() + 1) / 3).unsqueeze(1).expand(-1, 3, -1)
+    torch.testing.assert_close(g, analytic)
