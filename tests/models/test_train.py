@@ -198,8 +198,8 @@ def test_weight_decay_shrinks_the_weights(train_data: Data) -> None:
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
-        ("alpha", -0.5, "alpha must be ≥ 0"),
-        ("alpha", math.nan, "alpha must be ≥ 0"),
+        ("alpha", -0.5, "alpha must be a finite number ≥ 0"),
+        ("alpha", math.nan, "alpha must be a finite number ≥ 0"),
         ("k_train", 0, "k-train must be ≥ 1"),
         ("epochs", 0, "epochs must be ≥ 1"),
         ("batch_size", 0, "batch size must be ≥ 1"),

@@ -311,7 +311,7 @@ def test_grouped_loss_equals_bbalpha_gaussian_loss_per_member() -> None:
     energies = grouped_alpha_energy(ll, torch.tensor([0.0, 1.0, 0.3], dtype=torch.float64))
     for m, a in enumerate((0.0, 1.0, 0.3)):
         torch.testing.assert_close(energies[m], alpha_energy(ll[m], a))
-    with pytest.raises(ValueError, match="alpha must be ≥ 0"):
+    with pytest.raises(ValueError, match="alpha must be a finite number ≥ 0"):
         grouped_alpha_energy(ll, torch.tensor([0.0, -1.0, 0.3], dtype=torch.float64))
 
 
