@@ -191,7 +191,7 @@ def test_invalid_training_value_is_a_one_line_error(
                  "--no-progress", "--device", "cpu"])  # fmt: skip
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
-    assert err == ["bayesgate: error: alpha must be ≥ 0, got -1.0"]
+    assert err == ["bayesgate: error: alpha must be a finite number ≥ 0, got -1.0"]
     assert not (tmp_path / "m").exists()
 
 
