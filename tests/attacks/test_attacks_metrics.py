@@ -153,3 +153,21 @@ def test_bad_scores_are_rejected(neg: list, match: str) -> None:
 def test_bad_rate_is_rejected() -> None:
     with pytest.raises(ValueError, match="target false-positive rate"):
         threshold_at_fpr([1.0, 2.0], 1.5)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_detection_metrics_report_the_5_and_95_percent_levels(seed: int) -> None:
+    """The headline fields against brute force on overlapping scores (where every level gives a
+    different answer): ``tpr_at_5fpr`` = the best TPR of any threshold ``t`` (flag ``s > t``) whose
+    clean FPR is ≤ 5 %; ``fpr_at_95tpr`` = the least FPR of any threshold flagging ≥ 95 %."""
+    rng = np.random.default_rng(seed)
+    neg, pos = rng.normal(0, 1, 400), rng.normal(1.2, 1, 300)
+    cuts = np.concatenate([[-np.inf], np.sort(np.concatenate([neg, pos])) - 1e-9, [np.inf]])
+    fpr = np.array([(neg > t).mean() for t in cuts])
+    tpr = np.array([(pos > t).mean() for t in cuts])
+    out = detection_metrics(neg, pos)
+    assert out["tpr_at_5fpr"] == pytest.approx(tpr[fpr <= 0.05].max())
+    assert out["fpr_at_95tpr"] == pytest.approx(fpr[tpr >= 0.95].min())
+    # and the levels are not interchangeable here: 10 % / 50 % would give other numbers
+    assert tpr[fpr <= 0.10].max() != tpr[fpr <= 0.05].max()
+    assert fpr[tpr >= 0.50].min() != fpr[tpr >= 0.95].min()
