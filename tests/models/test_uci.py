@@ -507,3 +507,25 @@ def test_cli_no_refit_and_errors(
     assert "unknown UCI dataset 'housing'" in capsys.readouterr().err
     assert main(["uci", "--dataset", "toy", "--splits", "3", "--out", str(out)]) == 2
     assert "--splits must be in [1, 2]" in capsys.readouterr().err
+
+
+def test_a_member_s_forward_is_inverted_dropout_by_hand() -> None:
+    """``f_g(x) = (relu((x ⊙ z1/(1−p_g)) W1_g + b1_g) ⊙ z2/(1−p_g)) W2_g + b2_g`` at p > 0, with the
+    masks ``z = [u < 1−p]`` rebuilt from the same uniform draws (layer 1's, then layer 2's) and
+    the product written out row by row; members with different p each get their own 1/(1−p)."""
+    net = GroupedDropoutNet(3, 5, [0.2, 0.5], generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        net.b1.normal_(generator=torch.Generator().manual_seed(2))
+        net.b2.fill_(0.3)
+    x = torch.randn(4, 3, generator=torch.Generator().manual_seed(3))
+    got = net(x, torch.Generator().manual_seed(7)).detach()
+    draws = torch.Generator().manual_seed(7)
+    u1, u2 = torch.rand(2, 4, 3, generator=draws), torch.rand(2, 4, 5, generator=draws)
+    for g, p in enumerate(net.rates):
+        w1, b1, w2, b2 = (t.detach()[g] for t in (net.w1, net.b1, net.w2, net.b2))
+        for r in range(4):
+            z1, z2 = (u1[g, r] < 1 - p).float(), (u2[g, r] < 1 - p).float()
+            hidden = torch.relu((x[r] * z1 / (1 - p)) @ w1 + b1[0])
+            expected = (hidden * z2 / (1 - p)) @ w2 + b2[0]
+            torch.testing.assert_close(got[g, r], expected, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(u1 < 0.8, torch.ones_like(u1, dtype=torch.bool))  # masks drop units
