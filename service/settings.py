@@ -205,6 +205,15 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _check_grpc_port(self) -> Settings:
+        if self.grpc_port is not None and self.grpc_port != 0 and self.grpc_port == self.port:
+            raise ValueError(
+                f"{ENV_PREFIX}GRPC_PORT ({self.grpc_port}) must differ from {ENV_PREFIX}PORT "
+                "(gRPC is served on a port of its own)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check_native(self) -> Settings:
         if self.native_port is None:
             return self

@@ -92,6 +92,17 @@ def test_a_check_of_two_settings_names_both_variables_without_the_settings(
     )
 
 
+def test_one_port_for_http_and_grpc_is_refused_before_anything_binds(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Before: the page URL was printed, gRPC bound the port, and uvicorn died on it (exit 3)."""
+    assert main(["serve", "--port", "8019", "--grpc-port", "8019"]) == 2
+    assert _one_line(capsys) == (
+        "bayesgate: error: BAYESGATE_GRPC_PORT (8019) must differ from BAYESGATE_PORT "
+        "(gRPC is served on a port of its own)"
+    )
+
+
 def test_a_bad_value_is_named_by_the_flag_that_gave_it(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
