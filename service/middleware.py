@@ -36,6 +36,7 @@ from bayesgate.service.errors import (
     BodyTimeout,
     HeadersTooLarge,
     PayloadTooLarge,
+    UnsupportedMediaType,
     error_response,
     is_v2_path,
 )
@@ -181,6 +182,27 @@ def arrived_at(scope: Scope) -> float:
     return scope.get(ARRIVED, time.monotonic())
 
 
+def content_encoding_error(method: str, headers: Any) -> UnsupportedMediaType | None:
+    """415 for a compressed request body (``Content-Encoding`` other than ``identity``): the
+    service reads bodies as sent, and a gzip body would otherwise be judged as JSON, a tensor
+    header or a form and refused with a message about its bytes (tritonclient's
+    ``request_compression_algorithm="gzip"``, curl with a gzipped file)."""
+    if method not in ("POST", "PUT", "PATCH"):
+        return None
+    codings = [
+        c.strip().lower()
+        for name, value in headers
+        if name.lower() == b"content-encoding"
+        for c in value.decode("latin-1").split(",")
+        if c.strip()
+    ]
+    if all(c == "identity" for c in codings):
+        return None
+    return UnsupportedMediaType(
+        f"Content-Encoding {', '.join(codings)} is not supported: send the body uncompressed"
+    )
+
+
 class BodyLimitMiddleware:
     def __init__(
         self,
@@ -211,6 +233,10 @@ class BodyLimitMiddleware:
         error = self._check_headers(headers)
         if error is not None:
             await error_response(error, v2=v2)(scope, receive, send)
+            return
+        coded = content_encoding_error(scope.get("method", ""), headers)
+        if coded is not None:
+            await error_response(coded, v2=v2)(scope, receive, send)
             return
         length = dict(headers).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from bayesgate.service.middleware import content_encoding_error
 from bayesgate.service.settings import Settings
 
 pytestmark = pytest.mark.anyio
@@ -125,6 +126,31 @@ async def test_wrong_content_types_are_415(client: Any) -> None:
     assert_error(form, 415, ["application/json", "multipart/form-data", "/v1/predict/file"])
     json_to_upload = await client.post("/v1/predict/file", json={"instances": [GOOD]})
     assert_error(json_to_upload, 415, ["multipart/form-data", "application/json"])
+
+
+async def test_a_compressed_body_is_415_naming_the_encoding(client: Any) -> None:
+    """tritonclient's ``request_compression_algorithm="gzip"`` (or curl with a gzipped file): the
+    answer names the Content-Encoding, not the gzip bytes as bad JSON or a bad tensor header."""
+    import gzip
+    import json
+
+    body = gzip.compress(json.dumps({"instances": [GOOD]}).encode())
+    for path, content_type, status in [
+        ("/v1/predict", "application/json", 415),
+        ("/v1/predict/file", "multipart/form-data; boundary=x", 415),
+        ("/v2/models/tiny-mlp/infer", "application/octet-stream", 400),  # /v2 errors are 400s
+    ]:
+        headers = {"content-type": content_type, "content-encoding": "gzip"}
+        r = await client.post(path, content=body, headers=headers)
+        assert r.status_code == status, r.text
+        assert r.json()["error"] == (
+            "Content-Encoding gzip is not supported: send the body uncompressed"
+        )
+    # identity is no coding, and a body-less method is not judged
+    assert content_encoding_error("POST", [(b"Content-Encoding", b"identity")]) is None
+    assert content_encoding_error("GET", [(b"content-encoding", b"gzip")]) is None
+    both = content_encoding_error("POST", [(b"content-encoding", b"identity, br")])
+    assert both is not None and "Content-Encoding identity, br" in both.message
 
 
 async def test_bad_uploads_are_rejected(client: Any) -> None:
