@@ -7,7 +7,7 @@ value, a path, a file. ``bayesgate --debug`` shows the traceback of user errors 
 
 from __future__ import annotations
 
-import os
+import tempfile
 from pathlib import Path
 
 
@@ -54,8 +54,7 @@ def writable_file(path: Path, flag: str, suffix: str | None = None) -> None:
         raise InvalidArgument(
             f"{flag} {path}: cannot create {path.parent} ({exc.strerror or exc})"
         ) from None
-    if not os.access(path.parent, os.W_OK):
-        raise InvalidArgument(f"{flag} {path}: {path.parent} is not writable")
+    _check_can_create_in(path.parent, path, flag)
 
 
 def writable_dir(path: Path, flag: str) -> None:
@@ -69,5 +68,16 @@ def writable_dir(path: Path, flag: str) -> None:
         ancestor = ancestor.parent
     if not ancestor.is_dir():
         raise InvalidArgument(f"{flag} {path}: {ancestor} is a file, not a folder")
-    if not os.access(ancestor, os.W_OK):
-        raise InvalidArgument(f"{flag} {path}: {ancestor} is not writable")
+    _check_can_create_in(ancestor, path, flag)
+
+
+def _check_can_create_in(folder: Path, path: Path, flag: str) -> None:
+    """Create (and remove) a file in ``folder``: ``os.access`` says yes to root even where
+    nothing can be created (``/proc``, a read-only mount)."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".bayesgate-write-check-"):
+            pass
+    except OSError as exc:
+        raise InvalidArgument(
+            f"{flag} {path}: cannot write in {folder} ({exc.strerror or exc})"
+        ) from None

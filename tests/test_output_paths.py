@@ -47,3 +47,12 @@ def test_a_folder_path_under_or_at_a_file_is_refused(tmp_path: Path) -> None:
         writable_dir(plain, "--checkpoint-dir")
     with pytest.raises(InvalidArgument, match=r"--out .*plain is a file, not a folder"):
         writable_dir(plain / "sub" / "deeper", "--out")
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_a_folder_nothing_can_be_created_in_is_refused_even_for_root() -> None:
+    """``/proc`` refuses new files to everyone, root included (``os.access`` would say yes)."""
+    with pytest.raises(InvalidArgument, match=r"--out /proc/a\.npz: cannot write in /proc"):
+        writable_file(Path("/proc/a.npz"), "--out", suffix=".npz")
+    with pytest.raises(InvalidArgument, match="cannot write in /proc"):
+        writable_dir(Path("/proc/new/run"), "--out")
