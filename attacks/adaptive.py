@@ -27,6 +27,7 @@ misclassified. The verdict that counts is the caller's, on a fresh independent M
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
@@ -34,12 +35,27 @@ from typing import ClassVar
 import torch
 
 from bayesgate.attacks.methods.square import margin
+from bayesgate.errors import InvalidArgument
 
 ScoreFn = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 """``x`` (B×…) ↦ ``(log p̄(·|x) B×C, detector score B)``, differentiable, fresh masks per call."""
 
 SCHEDULES = ("misclassify-first", "joint")
 CLIP_MIN, CLIP_MAX = 0.0, 1.0
+
+
+def check_radius(name: str, value: float) -> None:
+    """:class:`InvalidArgument` naming ``name`` (a flag or parameter) unless ``value`` is an L∞
+    radius in (0, 1] (NaN and ∞ are not)."""
+    if not (math.isfinite(value) and 0.0 < value <= 1.0):
+        raise InvalidArgument(f"{name} must be in (0, 1], got {value}")
+
+
+def check_non_negative(name: str, value: float) -> None:
+    """:class:`InvalidArgument` naming ``name`` unless ``value`` is finite and ≥ 0 (a weight λ or
+    a margin κ, δ: NaN would also end up as invalid JSON in the results)."""
+    if not (math.isfinite(value) and value >= 0.0):
+        raise InvalidArgument(f"{name} must be a finite number ≥ 0, got {value}")
 
 
 def checked_images(x: torch.Tensor) -> torch.Tensor:
@@ -76,16 +92,16 @@ class AdaptivePGD:
     optimizer: ClassVar[str] = "pgd"  # what minimises the loss (reports, cache names)
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.eps <= 1.0:
-            raise ValueError(f"adaptive eps must be in (0, 1], got {self.eps}")
+        check_radius("adaptive eps", self.eps)
         if self.steps < 1:
-            raise ValueError(f"adaptive steps must be ≥ 1, got {self.steps}")
+            raise InvalidArgument(f"adaptive steps must be ≥ 1, got {self.steps}")
         if self.step_size is not None and not 0.0 < self.step_size <= self.eps:
-            raise ValueError(f"adaptive step_size must be in (0, eps], got {self.step_size}")
-        if self.weight < 0 or self.kappa < 0 or self.delta < 0:
-            raise ValueError("adaptive weight, kappa and delta must be ≥ 0")
+            raise InvalidArgument(f"adaptive step_size must be in (0, eps], got {self.step_size}")
+        check_non_negative("adaptive weight", self.weight)
+        check_non_negative("adaptive kappa", self.kappa)
+        check_non_negative("adaptive delta", self.delta)
         if self.schedule not in SCHEDULES:
-            raise ValueError(
+            raise InvalidArgument(
                 f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}"
             )
 

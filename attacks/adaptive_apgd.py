@@ -36,6 +36,7 @@ from bayesgate.attacks.adaptive import (
 )
 from bayesgate.attacks.methods.apgd import APGDRun
 from bayesgate.attacks.methods.square import margin
+from bayesgate.errors import InvalidArgument
 
 
 @dataclass(frozen=True)
@@ -51,9 +52,9 @@ class AdaptiveAPGD(AdaptivePGD):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.step_size is not None:
-            raise ValueError("APGD sets its own step sizes (2ε, halved at its checkpoints)")
+            raise InvalidArgument("APGD sets its own step sizes (2ε, halved at its checkpoints)")
         if self.restarts < 1:
-            raise ValueError(f"adaptive restarts must be ≥ 1, got {self.restarts}")
+            raise InvalidArgument(f"adaptive restarts must be ≥ 1, got {self.restarts}")
 
     @property
     def alpha(self) -> float:

@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 from bayesgate.attacks.adaptive import AdaptivePGD, ScoreFn
 from bayesgate.attacks.adaptive_apgd import AdaptiveAPGD
 from bayesgate.attacks.detect_eval import DetectorRun
+from bayesgate.errors import InvalidArgument
 from bayesgate.models.detection.detector import Detector, collect_features, scores_numpy
 from bayesgate.models.mc.dropout import mc_sampling
 from bayesgate.models.mc.engine import mc_logits_features
@@ -96,11 +97,15 @@ class AdaptiveSettings:
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}")
+            raise InvalidArgument(f"optimizer must be one of {', '.join(OPTIMIZERS)}")
         if self.restarts < 1 or (self.restarts > 1 and self.optimizer != "apgd"):
-            raise ValueError(
+            raise InvalidArgument(
                 f"restarts {self.restarts}: must be ≥ 1, and more than 1 needs the apgd optimizer"
             )
+        if not self.eps:
+            raise InvalidArgument("give at least one eps")
+        for eps in self.eps:  # every attack checks its parameters now, not midway through a run
+            self.configs(eps)
 
     def configs(self, eps: float) -> list[tuple[str, AdaptivePGD]]:
         """``(name, attack)``: plain PGD, the adaptive attack per weight, the joint schedule

@@ -17,7 +17,7 @@ from bayesgate.attacks.specs import (
     spec_help,
     spec_needs,
 )
-from bayesgate.errors import InvalidArgument, check_at_least
+from bayesgate.errors import InvalidArgument, check_at_least, writable_dir, writable_file
 from bayesgate.extras import Need
 from bayesgate.models.device import DEVICE_CHOICES, pick_device
 from bayesgate.models.mc.uncertainty import SCORES
@@ -195,6 +195,7 @@ def cmd_attack(args: argparse.Namespace) -> int:
     attack = _attack(args)
     for name in ("k", "k_eval", "limit", "batch_size"):
         check_at_least("--" + name.replace("_", "-"), getattr(args, name))
+    writable_file(args.out, "--out", ".npz")  # before the attack, not after it
     device = pick_device(args.device)
     loaded = load_model(args.model, device)
     k = args.k or loaded.card.inference.k_attack
@@ -284,6 +285,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     for name in ("k", "k_eval", "limit", "batch_size", "steps"):
         check_at_least("--" + name.replace("_", "-"), getattr(args, name))
+    check_at_least("--slow-limit", args.cw_limit)  # 0 read as no limit, −1 as all but one
+    writable_dir(args.out, "--out")
     device = pick_device(args.device)
     models = [load_model(d, device) for d in args.models]
     t0 = time.perf_counter()

@@ -39,6 +39,7 @@ from bayesgate.attacks.metrics import detection_metrics
 from bayesgate.attacks.ood import DEFAULT_OOD, OOD_LABELS, OOD_SETS, ood_images
 from bayesgate.attacks.run import attack_in_batches, attack_targets, mc_predictions, verdicts
 from bayesgate.attacks.specs import parse_attacks
+from bayesgate.errors import InvalidArgument
 from bayesgate.models.detection.detector import Detector, collect_features, scores_numpy
 from bayesgate.models.mc.uncertainty import predictive_mean
 from bayesgate.models.store.directory import LoadedModel
@@ -73,13 +74,28 @@ class EvalSettings:
     cache_dir: Path | None = None
 
     def check(self) -> None:
+        """:class:`InvalidArgument` for a setting the run cannot use; also parses the attacks."""
         unknown = [name for name in self.ood if name not in OOD_SETS]
         if unknown:
-            raise ValueError(f"unknown OOD set(s) {unknown}; choose from {', '.join(OOD_SETS)}")
+            raise InvalidArgument(
+                f"unknown OOD set(s) {unknown}; choose from {', '.join(OOD_SETS)}"
+            )
         if self.limit is not None and self.limit < 1:
-            raise ValueError(f"limit must be ≥ 1, got {self.limit}")
-        if any(n < 1 for n in self.attack_limits.values()):
-            raise ValueError("attack limits must be ≥ 1")
+            raise InvalidArgument(f"limit must be ≥ 1, got {self.limit}")
+        for name, n in self.attack_limits.items():
+            if n < 1:
+                raise InvalidArgument(f"--attack-limit {name}={n}: must be ≥ 1")
+        names = list(dict.fromkeys(a.name for a in self.specs()))
+        for name, n in self.attack_limits.items():
+            if name not in names:  # a typo or a wrong case would silently limit nothing
+                raise InvalidArgument(
+                    f"--attack-limit {name}={n}: no attack {name!r} in this run "
+                    f"(its attacks: {', '.join(names) or 'none'})"
+                )
+
+    def specs(self) -> list[Attack]:
+        """The parsed :attr:`attacks` (none if empty)."""
+        return parse_attacks(list(self.attacks)) if self.attacks else []
 
 
 @dataclass
@@ -158,7 +174,7 @@ def evaluate_detector(
 
     settings = settings or EvalSettings()
     settings.check()
-    specs = parse_attacks(list(settings.attacks)) if settings.attacks else []
+    specs = settings.specs()
     run = _EvalRun(loaded, detector, settings, torch.device(device), progress)
     x, y = load_mnist("test", limit=settings.limit)
     started = time.perf_counter()

@@ -128,6 +128,7 @@ def cmd_fit_detector(args: argparse.Namespace) -> int:
         seed=args.seed,
         batch_size=args.batch_size,
     )
+    settings.check()  # before loading the model and extracting features
     device = pick_device(args.device)
     loaded = load_model(args.model, device)
     detector = fit_detector(loaded, settings, device=device, progress=not args.no_progress)

@@ -31,6 +31,7 @@ validation numbers, not the test-split evaluation) and the realised threshold FP
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -108,8 +109,13 @@ class FitSettings:
             raise InvalidArgument(f"outliers: a kind is named twice in {list(self.outliers)}")
         if self.outliers and not 0.0 < self.outlier_share < 1.0:
             raise InvalidArgument(f"outlier-share must be in (0, 1), got {self.outlier_share}")
-        if self.l2 <= 0:
-            raise InvalidArgument(f"l2 must be > 0, got {self.l2}")
+        if not (math.isfinite(self.l2) and self.l2 > 0):
+            raise InvalidArgument(f"l2 must be a finite number > 0, got {self.l2}")
+        # fit_class_gaussians' rule (None: Ledoit–Wolf), checked before the feature extraction
+        if self.shrinkage is not None and not 0.0 <= self.shrinkage <= 1.0:
+            raise InvalidArgument(
+                f"shrinkage must be in [0, 1] (omit it for Ledoit–Wolf), got {self.shrinkage}"
+            )
 
 
 def fit_detector(

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bayesgate.errors import InvalidArgument
+from bayesgate.errors import InvalidArgument, check_at_least, writable_dir
 from bayesgate.models.device import DEVICE_CHOICES, pick_device
 from bayesgate.models.store.bundled import READ_MODEL_HELP, model_to_read
 
@@ -117,10 +117,7 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from bayesgate.models.detection.store import DETECTOR_JSON, load_detector
     from bayesgate.models.store.directory import load_model
 
-    for name in ("k", "k_attack", "limit", "batch_size", "threads"):
-        value = getattr(args, name, None)
-        if value is not None and value < 1:
-            raise InvalidArgument(f"--{name.replace('_', '-')} must be ≥ 1, got {value}")
+    check_common(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = pick_device(args.device)
@@ -131,6 +128,16 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         )
     detector = load_detector(args.model, loaded.card.weights_sha256)
     return loaded, detector, device
+
+
+def check_common(args: argparse.Namespace) -> None:
+    """The flags of :func:`_common`, checked before any work: counts ≥ 1, ``--out`` and
+    ``--cache-dir`` folders that can be written."""
+    for name in ("k", "k_attack", "limit", "batch_size", "threads"):
+        check_at_least("--" + name.replace("_", "-"), getattr(args, name, None))
+    writable_dir(args.out, "--out")
+    if args.cache_dir is not None:
+        writable_dir(args.cache_dir, "--cache-dir")
 
 
 def _attack_limits(items: list[str]) -> dict[str, int]:
@@ -147,7 +154,7 @@ def cmd_detect_eval(args: argparse.Namespace) -> int:
     from bayesgate.attacks.detect_eval import EvalSettings, evaluate_detector
     from bayesgate.attacks.detect_report import write_detect_eval
 
-    loaded, detector, device = _load(args)
+    check_common(args)
     settings = EvalSettings(
         attacks=tuple(args.attacks),
         ood=tuple(args.ood),
@@ -159,6 +166,8 @@ def cmd_detect_eval(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         cache_dir=args.cache_dir,
     )
+    settings.check()  # the attacks and --attack-limit names, before the model is loaded
+    loaded, detector, device = _load(args)
     started = time.perf_counter()
     result = evaluate_detector(
         loaded, detector, settings, device=device, progress=not args.no_progress
@@ -189,6 +198,8 @@ def cmd_adaptive_eval(args: argparse.Namespace) -> int:
         write_adaptive,
     )
 
+    check_common(args)
+    _check_adaptive_flags(args)
     try:  # the settings check themselves; their message becomes the one-line CLI error
         settings = AdaptiveSettings(
             eps=tuple(args.eps),
@@ -219,6 +230,22 @@ def cmd_adaptive_eval(args: argparse.Namespace) -> int:
     files = {k: str(v) for k, v in paths.items()}
     print_report(paths["md"], files | {"seconds": result["seconds"]})
     return 0
+
+
+def _check_adaptive_flags(args: argparse.Namespace) -> None:
+    """``adaptive-eval``'s numbers, each error naming its flag (NaN and ∞ refused: they would
+    also be written as invalid JSON)."""
+    from bayesgate.attacks.adaptive import check_non_negative, check_radius
+
+    check_at_least("--steps", args.steps)
+    check_at_least("--restarts", args.restarts)
+    for eps in args.eps:
+        check_radius("--eps", eps)
+    for flag in ("weights", "joint_weights"):
+        for weight in getattr(args, flag):
+            check_non_negative("--" + flag.replace("_", "-"), weight)
+    check_non_negative("--kappa", args.kappa)
+    check_non_negative("--delta", args.delta)
 
 
 def print_report(table: Path, summary: dict[str, Any]) -> None:

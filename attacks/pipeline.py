@@ -27,6 +27,7 @@ from torch import nn
 from bayesgate.attacks.methods import Attack
 from bayesgate.attacks.metrics import detection_metrics
 from bayesgate.attacks.run import AttackOutcome, StepHook, mc_predictions, run_attack
+from bayesgate.errors import check_at_least
 from bayesgate.models.mc.uncertainty import SCORES
 
 ExampleScores = Callable[[torch.Tensor, torch.Tensor], dict[str, np.ndarray]]
@@ -191,6 +192,7 @@ def detection_run(
     ``slow_limit`` images. ``log(result)`` gives a progress line printed after each attack
     (when ``progress``).
     """
+    check_at_least("slow_limit", slow_limit)  # 0 or −1 would silently mean another limit
     clean = clean_run(model, x, k_eval, score_fn=score_fn, seed=seed, device=device)
     results = []
     for attack in attacks:
@@ -205,7 +207,7 @@ def detection_run(
             thresholds=thresholds,
             score=score,
             score_fn=score_fn,
-            limit=slow_limit if attack.slow and slow_limit else None,
+            limit=slow_limit if attack.slow else None,
             seed=seed,
             batch_size=batch_size,
             device=device,

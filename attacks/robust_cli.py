@@ -7,6 +7,7 @@ A MODEL is a model directory (``card.json`` + weights) or a training checkpoint 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from torch import nn
 
 from bayesgate.attacks.robust_adaptive import adaptive_detector_step
 from bayesgate.attacks.robust_eval import RobustSettings
-from bayesgate.errors import InvalidArgument
+from bayesgate.errors import InvalidArgument, check_at_least, writable_dir
 from bayesgate.extras import Need
 from bayesgate.models.device import pick_device
 from bayesgate.models.store.bundled import model_to_read
@@ -65,15 +66,19 @@ def cmd_evaluate_robust(args: argparse.Namespace) -> int:
     from bayesgate.attacks.robust_report import write_outputs
     from bayesgate.models.data.mnist import load_mnist
 
+    # every check of the flags, the output folder and the models before the first attack
     settings = _settings(args)
+    weights = _adaptive_weights(args.adaptive_weights)
+    check_at_least("--adaptive-steps", args.adaptive_steps)
+    writable_dir(args.out, "--out")
     if args.threads is not None:
         torch.set_num_threads(max(1, args.threads))
     device = pick_device(args.device)
+    networks = [(path, *load_for_evaluation(path, device)) for path in args.models]
     x, y = load_mnist("test", limit=settings.n)
     x, y = x.to(device), y.to(device)
     models = []
-    for path in args.models:
-        network, name, sha = load_for_evaluation(path, device)
+    for path, network, name, sha in networks:
         print(f"evaluate-robust: {name} ({path})", file=sys.stderr)
         cache = BatchCache(args.out / "cache", model_key(name, sha))
         row = evaluate_robust(network, x, y, settings, cache, progress=not args.no_progress)
@@ -81,7 +86,7 @@ def cmd_evaluate_robust(args: argparse.Namespace) -> int:
         row["adaptive"] = adaptive_detector_step(
             path,
             settings,
-            weights=_floats(args.adaptive_weights, "--adaptive-weights"),
+            weights=weights,
             steps=args.adaptive_steps,
             cache_dir=args.out / "cache" / "adaptive",
             device=device,
@@ -107,6 +112,15 @@ def _settings(args: argparse.Namespace) -> RobustSettings:
         batch_size=args.batch_size,
         seed=args.seed,
     )
+
+
+def _adaptive_weights(text: str) -> tuple[float, ...]:
+    """``--adaptive-weights``: comma-separated finite λ ≥ 0."""
+    weights = _floats(text, "--adaptive-weights")
+    bad = [w for w in weights if not (math.isfinite(w) and w >= 0)]
+    if bad:
+        raise InvalidArgument(f"--adaptive-weights must be finite numbers ≥ 0, got {bad[0]}")
+    return weights
 
 
 def _floats(text: str, flag: str) -> tuple[float, ...]:

@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 
 from bayesgate.attacks.methods import APGD, Attack, PGDRestarts
 from bayesgate.attacks.model_fn import frozen_parameters, log_predictive_fn
-from bayesgate.errors import InvalidArgument
+from bayesgate.errors import InvalidArgument, check_at_least
 from bayesgate.models.mc.engine import mc_predict
 
 ROBUST_ATTACKS = ("pgd", "apgd-ce", "apgd-dlr")
@@ -60,17 +60,25 @@ class RobustSettings:
     def __post_init__(self) -> None:
         unknown = [a for a in self.attacks if a not in ROBUST_ATTACKS]
         checks = [
+            (bool(self.attacks), f"give at least one attack ({', '.join(ROBUST_ATTACKS)})"),
             (not unknown, f"unknown attacks {unknown}; choose from {', '.join(ROBUST_ATTACKS)}"),
             (bool(self.eps), "give at least one eps"),
             (all(0 < e <= 1 for e in self.eps), f"every eps must be in (0, 1], got {self.eps}"),
-            (self.n >= 1, f"n must be ≥ 1, got {self.n}"),
-            (min(self.pgd_steps, self.restarts, self.apgd_steps) >= 1, "steps must be ≥ 1"),
-            (min(self.k_attack, self.k_eval) >= 1, "k must be ≥ 1"),
-            (self.batch_size >= 1, f"batch size must be ≥ 1, got {self.batch_size}"),
         ]
         for ok, message in checks:
             if not ok:
                 raise InvalidArgument(message)
+        # the fields are evaluate-robust's flags: name the one to change
+        for name in (
+            "n",
+            "pgd_steps",
+            "restarts",
+            "apgd_steps",
+            "k_attack",
+            "k_eval",
+            "batch_size",
+        ):
+            check_at_least("--" + name.replace("_", "-"), getattr(self, name))
 
 
 def attacks_at(eps: float, settings: RobustSettings) -> dict[str, Attack]:
