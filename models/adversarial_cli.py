@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from bayesgate.errors import InvalidArgument
 from bayesgate.models.training.adversarial import (
     ADVERSARIAL_METHODS,
     AdversarialBatch,
@@ -24,6 +25,17 @@ from bayesgate.models.training.adversarial import (
     monitor_accuracy,
 )
 from bayesgate.models.training.checkpoint import read_checkpoint
+
+ADVERSARIAL_DEFAULTS: dict[str, Any] = {
+    "eps": 0.3,
+    "attack_steps": 7,
+    "attack_step_size": None,  # AdversarialConfig's: from ε, the steps and the method
+    "eps_ramp_epochs": 0.0,
+    "clean_mix": 0.0,
+    "attack_k": 1,
+    "monitor_size": 500,
+}
+"""The options that apply with ``--adversarial`` only, and their values when not given."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,9 +46,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="train on adversarial minibatches: PGD, or one-step FGSM with random start",
     )
-    g.add_argument("--eps", type=float, default=0.3, help="L∞ radius (default %(default)s)")
+    d = ADVERSARIAL_DEFAULTS
+    # defaults None: a flag given without --adversarial is refused (check_arguments)
+    g.add_argument("--eps", type=float, default=None, help=f"L∞ radius (default {d['eps']})")
     g.add_argument(
-        "--attack-steps", type=int, default=7, help="PGD steps per minibatch (default %(default)s)"
+        "--attack-steps",
+        type=int,
+        default=None,
+        help=f"PGD steps per minibatch (default {d['attack_steps']})",
     )
     g.add_argument(
         "--attack-step-size",
@@ -47,47 +64,80 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--eps-ramp-epochs",
         type=float,
-        default=0.0,
-        help="grow ε linearly from 0 over this many epochs, per minibatch (default %(default)s: "
-        "no ramp)",
+        default=None,
+        help="grow ε linearly from 0 over this many epochs, per minibatch (default "
+        f"{d['eps_ramp_epochs']}: no ramp)",
     )
     g.add_argument(
         "--clean-mix",
         type=float,
-        default=0.0,
-        help="fraction of every minibatch left clean (default %(default)s)",
+        default=None,
+        help=f"fraction of every minibatch left clean (default {d['clean_mix']})",
     )
     g.add_argument(
         "--attack-k",
         type=int,
-        default=1,
-        help="MC dropout passes per attack step (default %(default)s: fresh masks every step)",
+        default=None,
+        help=f"MC dropout passes per attack step (default {d['attack_k']}: fresh masks every step)",
     )
     g.add_argument(
         "--monitor-size",
         type=int,
-        default=500,
-        help="validation images of the per-epoch clean/robust accuracy (default %(default)s)",
+        default=None,
+        help="validation images of the per-epoch clean/robust accuracy (default "
+        f"{d['monitor_size']})",
     )
     g.add_argument(
         "--epoch-log", type=Path, default=None, help="append every epoch's row to this JSONL file"
     )
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """Refuse (one line) the adversarial-only options given other than at their defaults without
+    ``--adversarial``: the model would be trained on clean images while its card's command
+    named them. With
+    ``--adversarial``, fill in the defaults of those not given (so the recorded command spells
+    them out)."""
+    if args.adversarial is None:
+        # a flag at its default changes nothing (and the commands that earlier runs recorded,
+        # which spelled every default out, still run)
+        given = [
+            key
+            for key, default in ADVERSARIAL_DEFAULTS.items()
+            if getattr(args, key, None) not in (None, default)
+        ]
+        if given:
+            flags = ", ".join("--" + key.replace("_", "-") for key in given)
+            verb = "applies" if len(given) == 1 else "apply"
+            raise InvalidArgument(
+                f"{flags} {verb} with --adversarial only (pgd or fgsm-rs); without it the "
+                "model is trained on clean images"
+            )
+        return
+    for key, default in ADVERSARIAL_DEFAULTS.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, default)
+
+
 def adversarial_config(args: argparse.Namespace, alpha: float) -> AdversarialConfig | None:
     """The inner-attack settings, or None without ``--adversarial``."""
     if args.adversarial is None:
         return None
+
+    def value(key: str) -> Any:
+        given = getattr(args, key, None)
+        return ADVERSARIAL_DEFAULTS[key] if given is None else given
+
     return AdversarialConfig(
         method=args.adversarial,
-        eps=args.eps,
-        steps=args.attack_steps,
-        step_size=args.attack_step_size,
-        eps_ramp_epochs=args.eps_ramp_epochs,
-        clean_mix=args.clean_mix,
-        attack_k=args.attack_k,
+        eps=value("eps"),
+        steps=value("attack_steps"),
+        step_size=value("attack_step_size"),
+        eps_ramp_epochs=value("eps_ramp_epochs"),
+        clean_mix=value("clean_mix"),
+        attack_k=value("attack_k"),
         alpha=alpha,
-        monitor_size=args.monitor_size,
+        monitor_size=value("monitor_size"),
     )
 
 

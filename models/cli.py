@@ -11,13 +11,20 @@ from typing import Any
 
 import torch
 
-from bayesgate.errors import InvalidArgument, ModelStoreError, check_at_least
+from bayesgate.errors import (
+    InvalidArgument,
+    ModelStoreError,
+    check_at_least,
+    writable_dir,
+    writable_file,
+)
 from bayesgate.models import adversarial_cli
 from bayesgate.models.data.mnist import DEFAULT_VAL_SIZE
 from bayesgate.models.device import DEVICE_CHOICES, pick_device, set_threads
 from bayesgate.models.networks.bbb.layers import SAMPLING_MODES
 from bayesgate.models.networks.registry import build_network, preset_architecture, preset_names
-from bayesgate.models.store.bundled import READ_MODEL_HELP, resolve_model_dir
+from bayesgate.models.store import bundled
+from bayesgate.models.store.bundled import READ_MODEL_HELP, model_dir_not_found, resolve_model_dir
 from bayesgate.models.store.checks import served_name_problem
 from bayesgate.models.store.directory import (
     CALIBRATION_FILE,
@@ -211,6 +218,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from bayesgate.models.data.mnist import load_mnist
 
     config = _train_config(args)
+    check_at_least("--limit", args.limit)
+    adversarial_cli.check_arguments(args)
     if (args.patience or args.keep_best) and not args.val_size:
         flag = "--patience" if args.patience else "--keep-best"
         raise InvalidArgument(
@@ -227,6 +236,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     out = args.out or Path("runs") / name
     adversarial = adversarial_cli.adversarial_config(args, config.alpha)
     checkpointing = _checkpointing(args, name, arch, adversarial)
+    # where the run writes, checked before the training (not after it)
+    writable_dir(out, "--out")
+    writable_dir(Path(checkpointing.directory), "--checkpoint-dir")
+    if args.epoch_log is not None:
+        writable_file(args.epoch_log, "--epoch-log")
     # --resume with this run's checkpoint continues the run that wrote --out (same name):
     # writing its model there again is the point; anything else needs --force
     held = (out / CARD_FILE).is_file()
@@ -448,16 +462,6 @@ def _model_card(
     return card
 
 
-def writable_parent(path: Path, flag: str) -> None:
-    """Create ``path``'s folder now (as the commands' other outputs do), so that a path that
-    cannot be written fails before the work, as one line naming ``flag``."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        msg = f"{flag} {path}: cannot create {path.parent} ({exc.strerror or exc})"
-        raise InvalidArgument(msg) from None
-
-
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from bayesgate.models.data.mnist import load_mnist
     from bayesgate.models.mc.uncertainty import kwon_uncertainty
@@ -466,11 +470,16 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     for flag in ("k", "limit", "batch_size"):
         check_at_least("--" + flag.replace("_", "-"), getattr(args, flag))
     check_at_least("--seed", args.seed, minimum=0)
+    if args.write_card:
+        _check_card_writable(args)
     if args.json:
-        writable_parent(args.json, "--json")
-    device = pick_device(args.device)
+        writable_file(args.json, "--json")
     # a bundled model's name reads the bundled model; --write-card writes into a directory only
-    loaded = load_model(args.model if args.write_card else resolve_model_dir(args.model), device)
+    model_dir = args.model if args.write_card else resolve_model_dir(args.model)
+    if not args.write_card and len(args.model.parts) == 1 and not model_dir.exists():
+        raise ModelStoreError(model_dir_not_found(args.model, "evaluate"))
+    device = pick_device(args.device)
+    loaded = load_model(model_dir, device)
     x, y = load_mnist(args.split, val_size=loaded.card.training.val_size, limit=args.limit)
     probs, log_probs = collect_mc(
         loaded.network,
@@ -506,6 +515,24 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         loaded.card.metrics[args.split] = {"k": args.k, "images": int(x.shape[0]), **metrics}
         write_card(loaded.card, args.model)
     return 0
+
+
+def _check_card_writable(args: argparse.Namespace) -> None:
+    """Refuse ``--write-card`` where the card's metrics would not be the model's: with ``--limit``
+    (a card's metrics are those of the whole split), or into a bundled model's directory (the
+    package's models are not the user's to change; by name, :func:`read_card` says so)."""
+    if args.limit is not None:
+        raise InvalidArgument(
+            f"--write-card with --limit {args.limit}: a card's metrics are those of the whole "
+            f"{args.split} split; drop --limit, or --write-card (--json keeps the numbers)"
+        )
+    model = args.model.resolve()
+    pretrained = bundled.BUNDLED_MODELS_DIR.resolve()
+    if model.is_relative_to(pretrained):
+        raise InvalidArgument(
+            f"--write-card: {args.model} is a bundled model (in {bundled.BUNDLED_MODELS_DIR}); "
+            "the package's models are not to be changed: evaluate a copy of your own"
+        )
 
 
 def _resolve_alpha(loss: str, alpha: float | None) -> float:

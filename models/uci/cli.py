@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
-from bayesgate.errors import InvalidArgument
+from bayesgate.errors import InvalidArgument, writable_dir, writable_file
 
 if TYPE_CHECKING:
     from bayesgate.models.uci.experiment import UCIConfig
@@ -86,13 +86,16 @@ def cmd_uci(args: argparse.Namespace) -> int:
     from bayesgate.models.uci.data import load_uci
     from bayesgate.models.uci.experiment import grid_edge_counts, run_split, summarise
 
-    set_threads(args.threads)
     config = _uci_config(args)
+    if args.out is not None:  # before the work: not a failure after a split's training
+        writable_dir(args.out, "--out")
+    set_threads(args.threads)
     ds = load_uci(args.dataset, args.data_dir)
     n = ds.n_splits if args.splits is None else args.splits
     if not 1 <= n <= ds.n_splits:
         raise InvalidArgument(f"--splits must be in [1, {ds.n_splits}] for {ds.name}, got {n}")
     out = args.out or Path("runs") / "uci" / ds.name
+    writable_dir(out, "--out")
     out.mkdir(parents=True, exist_ok=True)
     settings = config.resolved(ds)
     print(
@@ -125,7 +128,22 @@ def cmd_uci(args: argparse.Namespace) -> int:
     return 0
 
 
+FLAGS = {"alphas": "--alpha"}
+"""The flag of a :class:`UCIConfig` field, where it is not ``--`` + the field's name."""
+
+
 def _uci_config(args: argparse.Namespace) -> UCIConfig:
+    """The settings of ``args``; a value out of range is refused naming its flag."""
+    from bayesgate.models.uci.experiment import UCIConfigError
+
+    try:
+        return _config_of(args)
+    except UCIConfigError as exc:
+        flag = FLAGS.get(exc.field, "--" + exc.field.replace("_", "-"))
+        raise InvalidArgument(f"{flag} {exc.detail}") from None
+
+
+def _config_of(args: argparse.Namespace) -> UCIConfig:
     from bayesgate.models.uci.experiment import UCIConfig
 
     return UCIConfig(
@@ -173,6 +191,8 @@ def _number(text: str) -> int | float | str:
 def cmd_uci_table(args: argparse.Namespace) -> int:
     from bayesgate.models.uci.experiment import compare_with_paper
 
+    if args.csv is not None:
+        writable_file(args.csv, "--csv")
     entries = []
     for folder in args.dirs:
         if not folder.exists():

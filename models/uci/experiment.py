@@ -59,6 +59,28 @@ PAPER_SE: dict[str, dict[str, tuple[float, float, float]]] = {
 }
 
 
+class UCIConfigError(InvalidArgument):
+    """A :class:`UCIConfig` field out of range: the message names the field and its bad
+    values; ``field``, ``requirement`` and ``bad`` let a command name its flag instead."""
+
+    def __init__(self, field: str, requirement: str, bad: list[Any]) -> None:
+        self.field, self.requirement, self.bad = field, requirement, bad
+        super().__init__(f"{field} {self.detail}")
+
+    @property
+    def detail(self) -> str:
+        """The requirement and the bad values, e.g. ``must be ≥ 0, got -1``."""
+        if not self.bad:
+            return self.requirement
+        shown = ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in self.bad)
+        return f"{self.requirement}, got {shown}"
+
+
+def _repeated(values: tuple[float, ...]) -> list[float]:
+    """The values that occur more than once (each once)."""
+    return sorted({v for v in values if values.count(v) > 1})
+
+
 @dataclass(frozen=True)
 class UCIConfig:
     """Protocol settings; ``None`` grid entries mean "the dataset folder's file"."""
@@ -82,25 +104,34 @@ class UCIConfig:
     tau_lr: float = 0.1  # Adam rate of log τ
 
     def __post_init__(self) -> None:
-        checks = [
-            (len(self.alphas) > 0 and all(a >= 0 for a in self.alphas), "alphas must be ≥ 0"),
-            (len(set(self.alphas)) == len(self.alphas), "alphas must be distinct"),
-            (min(self.k_train, self.k_val, self.k_test) >= 1, "MC sample counts must be ≥ 1"),
-            (self.epochs is None or self.epochs >= 1, "epochs must be ≥ 1"),
-            (self.batch_size >= 1 and self.lr > 0, "need batch size ≥ 1 and lr > 0"),
-            (self.lengthscale > 0, "lengthscale must be > 0"),
-            (0 < self.val_fraction < 1, "val_fraction must be in (0, 1)"),
-            (self.hidden is None or self.hidden >= 1, "hidden must be ≥ 1"),
-            (
-                self.dropout_rates is None or all(0 <= p < 1 for p in self.dropout_rates),
-                "dropout rates must be in [0, 1)",
-            ),
-            (self.tau_values is None or all(t > 0 for t in self.tau_values), "taus must be > 0"),
-            (self.tau_init > 0 and self.tau_lr > 0, "tau_init and tau_lr must be > 0"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise InvalidArgument(f"{message}, got {self}")
+        # (field, requirement, the values that break it): the message names the field and the
+        # bad value only (the ``uci`` command checks its flags first, naming them)
+        checks: list[tuple[str, str, list[Any]]] = [
+            ("alphas", "must be ≥ 0", [a for a in self.alphas if not a >= 0]),
+            ("alphas", "values must be distinct", _repeated(self.alphas)),
+            ("k_train", "must be ≥ 1", [self.k_train] if self.k_train < 1 else []),
+            ("k_val", "must be ≥ 1", [self.k_val] if self.k_val < 1 else []),
+            ("k_test", "must be ≥ 1", [self.k_test] if self.k_test < 1 else []),
+            ("epochs", "must be ≥ 1", [] if self.epochs is None or self.epochs >= 1 else
+             [self.epochs]),
+            ("batch_size", "must be ≥ 1", [self.batch_size] if self.batch_size < 1 else []),
+            ("lr", "must be > 0", [] if self.lr > 0 else [self.lr]),
+            ("lengthscale", "must be > 0", [] if self.lengthscale > 0 else [self.lengthscale]),
+            ("val_fraction", "must be in (0, 1)", [] if 0 < self.val_fraction < 1 else
+             [self.val_fraction]),
+            ("hidden", "must be ≥ 1", [] if self.hidden is None or self.hidden >= 1 else
+             [self.hidden]),
+            ("dropout_rates", "must be in [0, 1)",
+             [p for p in self.dropout_rates or () if not 0 <= p < 1]),
+            ("tau_values", "must be > 0", [t for t in self.tau_values or () if not t > 0]),
+            ("tau_init", "must be > 0", [] if self.tau_init > 0 else [self.tau_init]),
+            ("tau_lr", "must be > 0", [] if self.tau_lr > 0 else [self.tau_lr]),
+        ]  # fmt: skip
+        if not self.alphas:
+            raise UCIConfigError("alphas", "need at least one α", [])
+        for name, requirement, bad in checks:
+            if bad:
+                raise UCIConfigError(name, requirement, bad)
 
     def resolved(self, ds: UCIDataset) -> dict[str, Any]:
         """The settings with the dataset's grid filled in (what a result file records)."""

@@ -64,7 +64,7 @@ def test_reading_commands_take_a_bundled_name(
     [
         ["calibrate", "bayesgate-cnn"],
         ["fit-detector", "bayesgate-robust"],
-        ["evaluate", "bayesgate-cnn", "--write-card", "--limit", "2"],
+        ["evaluate", "bayesgate-cnn", "--write-card", "--k", "2"],
     ],
 )
 def test_writing_commands_refuse_a_bundled_name(

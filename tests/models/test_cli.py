@@ -116,38 +116,47 @@ def test_evaluate_writes_metrics_into_the_card(trained, tmp_path: Path, data_env
     assert code == 0
     json_path = tmp_path / "metrics.json"
     code, stdout, stderr = _run(
-        ["evaluate", str(out), "--k", "5", "--limit", "500", "--write-card", "--json",
+        ["evaluate", str(out), "--k", "5", "--limit", "500", "--json",
          str(json_path), "--no-progress", "--device", "cpu"]
     )  # fmt: skip
     assert code == 0, stderr
     report = json.loads(stdout)
     assert json.loads(json_path.read_text()) == report
     assert (report["split"], report["images"], report["k"]) == ("test", 500, 5)
-    card = read_card(out)
-    test_metrics = card.metrics["test"]
-    provenance = ("command", "weights_sha256", "stochastic", "training")
-    assert test_metrics == {
-        k: v for k, v in report.items() if k not in ("model", "split", *provenance)
-    }
+    assert "test" not in read_card(out).metrics  # no --write-card: the card is unchanged
     # the raw output says how it was made: the command re-runs it, the weights are named
     assert report["command"] == (
         f"bayesgate evaluate {out} --k 5 --split test --limit 500 --batch-size 500 --seed 0 "
         "--device cpu"
     )
+    card = read_card(out)
     assert report["weights_sha256"] == card.weights_sha256 and report["stochastic"] is True
     assert report["training"]["epochs_run"] == 1 and report["training"]["command"].startswith(
         "bayesgate train --preset mlp-2x32"
     )
-    assert "val" in card.metrics  # earlier metrics kept
     # recompute accuracy and log-likelihood from the same seeded masks (seed 0, one batch)
     loaded = load_model(out)
     x, y = load_mnist("test", limit=500)
     mc = mc_predict(loaded.network, x, 5, generator=torch.Generator().manual_seed(0))
     accuracy = (mc.probs.mean(1).argmax(1) == y).double().mean().item()
     log_lik = mc.probs.double().gather(2, y.view(-1, 1, 1).expand(-1, 5, 1)).mean(1).log().mean()
-    assert test_metrics["accuracy"] == pytest.approx(accuracy)
-    assert test_metrics["log_likelihood"] == pytest.approx(log_lik.item(), rel=1e-5)
-    assert test_metrics["nll"] == pytest.approx(-log_lik.item(), rel=1e-5)
+    assert report["accuracy"] == pytest.approx(accuracy)
+    assert report["log_likelihood"] == pytest.approx(log_lik.item(), rel=1e-5)
+    assert report["nll"] == pytest.approx(-log_lik.item(), rel=1e-5)
+
+    # --write-card: the metrics of the whole split (--limit is refused with it) go in the card
+    code, stdout, stderr = _run(
+        ["evaluate", str(out), "--k", "2", "--write-card", "--no-progress", "--device", "cpu"]
+    )
+    assert code == 0, stderr
+    report = json.loads(stdout)
+    assert (report["split"], report["images"], report["k"]) == ("test", 10_000, 2)
+    card = read_card(out)
+    provenance = ("command", "weights_sha256", "stochastic", "training")
+    assert card.metrics["test"] == {
+        k: v for k, v in report.items() if k not in ("model", "split", *provenance)
+    }
+    assert "val" in card.metrics  # earlier metrics kept
     # the weights are untouched: the card's sha256 still verifies
     assert load_model(out).card.weights_sha256 == card.weights_sha256
 
