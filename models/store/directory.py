@@ -25,7 +25,12 @@ from torch import nn
 
 from bayesgate.errors import ModelStoreError
 from bayesgate.models.networks.registry import build_network
-from bayesgate.models.store.bundled import BUNDLED_MODELS_DIR, resolve_model_dir
+from bayesgate.models.store.bundled import (
+    BUNDLED_MODELS_DIR,
+    DEFAULT_ALIAS,
+    bundled_model_names,
+    resolve_model_dir,
+)
 from bayesgate.models.store.card import CARD_FORMAT, ModelCard
 from bayesgate.models.store.checks import (
     MAX_JSON_DEPTH,
@@ -171,6 +176,12 @@ def read_card(directory: Path | str) -> ModelCard:
             f"model card not found: {directory} is a bundled model's name, not a model directory "
             "here; the commands that write into the model directory (calibrate, fit-detector, "
             f"evaluate --write-card) need a copy of your own (from {BUNDLED_MODELS_DIR})"
+        )
+    elif len(Path(directory).parts) == 1 and not Path(directory).exists():
+        names = ", ".join([*bundled_model_names(), DEFAULT_ALIAS])
+        missing = (
+            f"model card not found: {directory} is neither a model directory here nor a bundled "
+            f"model's name ({names})"
         )
     data = read_json_object(path, missing, "a model card")
     return ModelCard.from_dict(data, source=str(path))

@@ -79,3 +79,23 @@ def test_writing_commands_refuse_a_bundled_name(
     assert err.count("\n") == 1
     after = {p: p.stat().st_mtime_ns for p in (BUNDLED_MODELS_DIR).rglob("*") if p.is_file()}
     assert after == before
+
+
+def test_an_unknown_bare_name_lists_the_bundled_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``bayesgate attack bayesgate-nope`` (every command reading a model): the one line says what
+    a name may be, as ``serve --model-dir`` does; a missing path with folders keeps the old one."""
+    from bayesgate.errors import ModelStoreError
+    from bayesgate.models.store.directory import read_card
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ModelStoreError) as caught:
+        read_card("bayesgate-nope")
+    assert str(caught.value) == (
+        "bayesgate-nope/card.json: model card not found: bayesgate-nope is neither a model "
+        "directory here nor a bundled model's name (bayesgate-cnn, bayesgate-robust, "
+        "bayesgate-default)"
+    )
+    with pytest.raises(ModelStoreError, match=r"is runs/nope a model directory\?"):
+        read_card("runs/nope")
