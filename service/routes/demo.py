@@ -348,9 +348,15 @@ def decode_one(req: AttackRequest, served: ServedModel, settings: Settings) -> t
     """The one image of the request as ``1×(input shape)`` in [0, 1]."""
     if (req.image is None) == (req.instance is None):
         raise InvalidInput("body: give exactly one of 'image' (base64 PNG) or 'instance' (array)")
-    if req.image is not None:
-        return decode_images([req.image], served.input_shape, 1)
-    return decode_instances([req.instance], served.input_shape, served.input_range, 1)
+    try:
+        if req.image is not None:
+            return decode_images([req.image], served.input_shape, 1)
+        return decode_instances([req.instance], served.input_shape, served.input_range, 1)
+    except InvalidInput as exc:  # the decoders name /v1's lists; this body has one field
+        for listed, field in (("images[0]", "image"), ("instances[0]", "instance")):
+            if exc.message.startswith(listed):
+                raise InvalidInput(field + exc.message.removeprefix(listed)) from None
+        raise
 
 
 async def _answer(

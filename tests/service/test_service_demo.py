@@ -146,6 +146,12 @@ async def test_attack_without_an_image_or_with_a_bad_one_is_422(
         assert big.status_code == 422 and "[0, 1]" in big.json()["error"]
         png = await client.post("/v1/attack", json={"image": "bm90IGEgcG5n"})
         assert png.status_code == 422 and "PNG" in png.json()["error"]
+        # named by this body's fields, not /v1/predict's lists ("instances[0]", "images[0]")
+        shape = await client.post("/v1/attack", json={"instance": [[0, 1]]})
+        for answer, field in ((big, "instance"), (shape, "instance"), (png, "image")):
+            error = answer.json()["error"]
+            assert error.startswith(field) and not error.startswith(field + "s"), error
+            assert "[0]" not in error.split(":")[0], error
         headers = {"content-type": "application/json"}
         broken = await client.post("/v1/attack", content=b"\xff{", headers=headers)
         assert broken.status_code == 422 and "not valid JSON" in broken.json()["error"]
