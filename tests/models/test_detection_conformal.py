@@ -129,6 +129,24 @@ def test_smooth_surrogate_matches_at_the_knots_and_has_a_gradient() -> None:
     assert sum(float(g.abs().sum()) for g in grads) > 0
 
 
+def test_smooth_surrogate_continues_the_end_segments_beyond_the_reference() -> None:
+    """Outside ``[r_(1), r_(n)]`` (where an attack starts: a clean digit sits below most of the
+    reference, an adversarial one above it all) ``−log p`` continues the first and last segments
+    linearly, with the knots ``p(r_(i)) = (n − i + 2)/(n + 1)`` (1-based) written out here."""
+    rng = np.random.default_rng(12)
+    rule = fit_conformal({n: rng.standard_normal(50) for n in NAMES}, NAMES, digits=17)
+    for j in range(len(NAMES)):
+        r = np.sort(np.asarray(rule.reference[j], dtype=np.float64))
+        n = r.size
+        y = -np.log((n - np.arange(1, n + 1) + 2) / (n + 1))  # y[0] = 0 at r_(1)
+        below = np.array([r[0] - 2.0, r[0] - 0.1])
+        above = np.array([r[-1] + 0.1, r[-1] + 3.0])
+        first = y[0] + (y[1] - y[0]) / (r[1] - r[0]) * (below - r[0])
+        last = y[-2] + (y[-1] - y[-2]) / (r[-1] - r[-2]) * (above - r[-2])
+        got = rule._smooth_neg_log_p(j, torch.tensor(np.concatenate([below, above])))
+        np.testing.assert_allclose(got.numpy(), np.concatenate([first, last]), rtol=1e-12)
+
+
 def test_detector_serves_the_rule_and_round_trips(tmp_path: Path) -> None:
     g = torch.Generator().manual_seed(0)
     gaussians = {"trunk": ClassGaussians(torch.randn(3, 4, generator=g), torch.eye(4), 0.1)}
