@@ -178,6 +178,28 @@ def prior_weight_decay(dropout_rates: Sequence[float], n: int, lengthscale: floa
     return lengthscale**2 * (1.0 - p) / (2.0 * n)
 
 
+def weight_decay_term(model: GroupedDropoutNet, weight_decay: torch.Tensor) -> torch.Tensor:
+    """``Σ_g λ_g(‖W1_g‖² + ‖W2_g‖²)``: the L2 part of :func:`train_members`' objective (weights
+    only, not the biases; ``λ`` from :func:`prior_weight_decay`)."""
+    return (weight_decay * (model.w1.pow(2).sum((1, 2)) + model.w2.pow(2).sum((1, 2)))).sum()
+
+
+def member_objective(
+    model: GroupedDropoutNet,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    alphas: torch.Tensor,
+    taus: torch.Tensor,
+    weight_decay: torch.Tensor,
+    k: int,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(Σ_g [mean_n L_gn(α_g) + λ_g(‖W1_g‖² + ‖W2_g‖²)], the G energies mean_n L_gn)`` of one
+    minibatch (``x`` ``B×D``, ``y`` ``B×1``): what :func:`train_members` descends."""
+    energies = grouped_bbalpha_loss(mc_forward(model, x, k, generator), y, alphas, taus)
+    return energies.sum() + weight_decay_term(model, weight_decay), energies
+
+
 def train_members(
     model: GroupedDropoutNet,
     x: torch.Tensor,
@@ -224,14 +246,11 @@ def train_members(
         for start in range(0, n, batch_size):
             idx = order[start : start + batch_size]
             tau = taus if model.log_tau is None else model.log_tau.exp()
-            energies = grouped_bbalpha_loss(
-                mc_forward(model, x[idx], k, generator), y[idx], alphas, tau
+            objective, energies = member_objective(
+                model, x[idx], y[idx], alphas, tau, weight_decay, k, generator
             )
-            decay = (
-                weight_decay * (model.w1.pow(2).sum((1, 2)) + model.w2.pow(2).sum((1, 2)))
-            ).sum()
             optimizer.zero_grad(set_to_none=True)
-            (energies.sum() + decay).backward()
+            objective.backward()
             optimizer.step()
             total += float(energies.detach().mean()) * idx.numel()
         history.append(total / n)

@@ -529,3 +529,35 @@ def test_a_member_s_forward_is_inverted_dropout_by_hand() -> None:
             expected = (hidden * z2 / (1 - p)) @ w2 + b2[0]
             torch.testing.assert_close(got[g, r], expected, rtol=1e-5, atol=1e-6)
     assert not torch.equal(u1 < 0.8, torch.ones_like(u1, dtype=torch.bool))  # masks drop units
+
+
+def test_the_l2_term_is_each_member_s_weights_only_by_hand() -> None:
+    """``Σ_g λ_g(‖W1_g‖² + ‖W2_g‖²)`` written out element by element, biases set non-zero to
+    show they are left out, and one λ per member."""
+    from bayesgate.models.uci.network import member_objective, weight_decay_term
+
+    net = GroupedDropoutNet(2, 3, [0.1, 0.1], generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        net.b1.fill_(5.0)
+        net.b2.fill_(-7.0)
+    lam = torch.tensor([0.25, 2.0])
+    expected = 0.0
+    for g in range(2):
+        squares = sum(float(w) ** 2 for w in net.w1.detach()[g].flatten()) + sum(
+            float(w) ** 2 for w in net.w2.detach()[g].flatten()
+        )
+        expected += float(lam[g]) * squares
+    assert float(weight_decay_term(net, lam).detach()) == pytest.approx(expected, rel=1e-6)
+    # the minibatch objective train_members descends: the energies plus exactly this term
+    x, y = torch.randn(6, 2), torch.randn(6, 1)
+    alphas, taus = torch.tensor([0.0, 0.5]), torch.tensor([1.0, 3.0])
+    objective, energies = member_objective(
+        net, x, y, alphas, taus, lam, 4, torch.Generator().manual_seed(3)
+    )
+    reference = grouped_bbalpha_loss(
+        mc_forward(net, x, 4, torch.Generator().manual_seed(3)), y, alphas, taus
+    )
+    torch.testing.assert_close(energies.detach(), reference.detach())
+    assert float(objective.detach()) == pytest.approx(
+        float(reference.detach().sum()) + expected, rel=1e-6
+    )
