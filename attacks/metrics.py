@@ -115,7 +115,9 @@ def fpr_at_tpr(neg: ArrayLike, pos: ArrayLike, tpr: float = 0.95) -> float:
     """
     n_arr, p_arr = _scores(neg, "clean"), _scores(pos, "adversarial")
     _check_rate(tpr, "true-positive rate")
-    m = max(1, math.ceil(tpr * p_arr.size - _EPS))
+    m = math.ceil(tpr * p_arr.size - _EPS)
+    if m <= 0:  # flagging nothing meets a TPR of 0: a threshold above every score, FPR 0
+        return 0.0
     v = np.sort(p_arr)[::-1][m - 1]
     return float(np.mean(n_arr >= v))
 

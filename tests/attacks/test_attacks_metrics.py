@@ -171,3 +171,10 @@ def test_detection_metrics_report_the_5_and_95_percent_levels(seed: int) -> None
     # and the levels are not interchangeable here: 10 % / 50 % would give other numbers
     assert tpr[fpr <= 0.10].max() != tpr[fpr <= 0.05].max()
     assert fpr[tpr >= 0.50].min() != fpr[tpr >= 0.95].min()
+
+
+def test_fpr_at_tpr_zero_is_zero() -> None:
+    """A TPR of 0 is met by flagging nothing (a threshold above every score): FPR 0, even when
+    clean scores lie above every adversarial one."""
+    assert fpr_at_tpr([5.0, 6.0, 0.1], [0.2, 0.3], 0.0) == 0.0
+    assert fpr_at_tpr([5.0, 6.0, 0.1], [0.2, 0.3], 0.5) == pytest.approx(2 / 3)
