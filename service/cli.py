@@ -336,7 +336,13 @@ def _serve_on_ray(settings: Settings, address: str | None, detach: bool) -> int:
 
 
 def page_message(settings: Settings) -> str:
-    """The line ``bayesgate serve`` prints on start: where to open the page and the API docs."""
+    """The line ``bayesgate serve`` prints on start: where to open the page and the API docs
+    (with port 0 the port is not known until uvicorn binds it, after this line)."""
+    if settings.port == 0:
+        return (
+            "bayesgate: port 0: the system picks a free port; uvicorn's 'Uvicorn running on …' "
+            "line below names it (the page is at its /)"
+        )
     host = settings.host
     if host in ("0.0.0.0", "::", ""):  # every interface: this machine reaches it as localhost
         host = "localhost"

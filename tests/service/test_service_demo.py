@@ -320,3 +320,9 @@ def test_page_message_names_the_url() -> None:
     on = Settings(host="127.0.0.1", port=9000, demo=True, docs=False)
     assert page_message(on) == "bayesgate: page at http://127.0.0.1:9000/ (attack panel on: --demo)"
     assert "http://[::1]:80/" in page_message(Settings(host="::1", port=80))
+
+
+def test_page_message_with_port_0_gives_no_unusable_url() -> None:
+    """``--port 0`` used to print ``http://127.0.0.1:0/``; the port is chosen when uvicorn binds."""
+    message = page_message(Settings(port=0))
+    assert ":0/" not in message and "Uvicorn running on" in message
