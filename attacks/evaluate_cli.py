@@ -117,8 +117,7 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from bayesgate.models.detection.store import DETECTOR_JSON, load_detector
     from bayesgate.models.store.directory import load_model
 
-    check_common(args)
-    if args.threads:
+    if args.threads:  # the flags were checked by check_common before anything was loaded
         torch.set_num_threads(args.threads)
     device = pick_device(args.device)
     loaded = load_model(args.model, device)

@@ -24,7 +24,7 @@ from bayesgate.models.device import DEVICE_CHOICES, pick_device, set_threads
 from bayesgate.models.networks.bbb.layers import SAMPLING_MODES
 from bayesgate.models.networks.registry import build_network, preset_architecture, preset_names
 from bayesgate.models.store import bundled
-from bayesgate.models.store.bundled import READ_MODEL_HELP, model_dir_not_found, resolve_model_dir
+from bayesgate.models.store.bundled import READ_MODEL_HELP, resolve_model_dir
 from bayesgate.models.store.checks import served_name_problem
 from bayesgate.models.store.directory import (
     CALIBRATION_FILE,
@@ -476,8 +476,6 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         writable_file(args.json, "--json")
     # a bundled model's name reads the bundled model; --write-card writes into a directory only
     model_dir = args.model if args.write_card else resolve_model_dir(args.model)
-    if not args.write_card and len(args.model.parts) == 1 and not model_dir.exists():
-        raise ModelStoreError(model_dir_not_found(args.model, "evaluate"))
     device = pick_device(args.device)
     loaded = load_model(model_dir, device)
     x, y = load_mnist(args.split, val_size=loaded.card.training.val_size, limit=args.limit)

@@ -280,11 +280,14 @@ def test_write_card_into_a_copy_is_allowed(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_evaluate_an_unknown_name_lists_the_bundled_models(
-    no_evaluation: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The message comes from the model store (``read_card``), as for every command that
+    reads a model; nothing is evaluated (the card is the first file read)."""
+    monkeypatch.setattr("bayesgate.models.data.mnist.load_mnist", _never("load_mnist"))
     monkeypatch.chdir(tmp_path)
     line = _refused(["evaluate", "bayesgate-nope"])
-    assert line.startswith("evaluate bayesgate-nope: model directory not found"), line
+    assert "bayesgate-nope is neither a model directory here nor a bundled" in line, line
     for name in bundled.bundled_model_names():
         assert name in line
     assert bundled.DEFAULT_ALIAS in line
