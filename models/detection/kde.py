@@ -59,9 +59,8 @@ class ClassKDE:
         """``log KD(f_b)`` of each row under the kernel samples of class ``classes[b]``, ``B``.
 
         One matrix product per class present, ``‖f − s‖² = ‖f‖² + ‖s‖² − 2 f·s`` (not clamped:
-        the expansion's float32 round-off, at most 8e-4 on distances near 140 for the bundled
-        robust model, only moves a term inside the ``logsumexp``). Differentiable in ``f``;
-        float64 when ``f`` is.
+        the expansion's round-off only moves a term inside the ``logsumexp``). Differentiable in
+        ``f``; float64 when ``f`` is.
 
         The rows are grouped by class with one stable sort (the rows of a class keep their order,
         so each class's product sees the same rows, aligned alike, as a per-class selection
