@@ -44,6 +44,7 @@ from bayesgate.service.middleware import (
     StartupMessageMiddleware,
 )
 from bayesgate.service.routes import api_routers, route_methods, route_templates
+from bayesgate.service.routes.api_docs import docs_router
 from bayesgate.service.routes.lean import LeanRoutes, PredictEndpoint
 from bayesgate.service.routes.v2_infer import InferEndpoint
 from bayesgate.service.schemas import exact_integer_bounds, predict_request_model
@@ -322,8 +323,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="MNIST predictions with MC-dropout uncertainty and a calibrated adversarial flag",
         version=_version(),
         lifespan=make_lifespan(settings, metrics),
-        docs_url="/docs" if settings.docs else None,
-        redoc_url="/redoc" if settings.docs else None,
+        docs_url=None,  # /docs and /redoc with their files from this server: routes/api_docs.py
+        redoc_url=None,
         openapi_url="/openapi.json" if settings.docs else None,
     )
     app.state.settings = settings
@@ -335,6 +336,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     routers = api_routers(settings)
     for prefix, router in routers:
         app.include_router(router, prefix=prefix)
+    if settings.docs:
+        app.include_router(docs_router(app))
     app.state.allowed_methods = AllowedMethods(route_methods(routers))
     add_middleware(app, settings, metrics, route_templates(routers))
     app.openapi = partial(openapi_with_exact_bounds, app, app.openapi)  # type: ignore[method-assign]

@@ -237,3 +237,29 @@ def test_attack_panel_is_absent_when_the_demo_is_off(page: Any, plain_server: Se
     assert page.is_hidden("#attack-panel")
     off = httpx.post(plain_server.base + "/v1/attack", json={}, trust_env=False)
     assert off.status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("path", "title"),
+    [("/docs", ".swagger-ui .info .title"), ("/redoc", "redoc h1")],
+)
+def test_api_docs_render_without_any_other_host(
+    page: Any, plain_server: Server, path: str, title: str
+) -> None:
+    """Swagger UI and ReDoc draw the API from this server's files alone: every request to any
+    other host is refused (a CDN script would leave the page blank)."""
+    elsewhere: list[str] = []
+
+    def only_this_server(route: Any) -> None:
+        if route.request.url.startswith(plain_server.base + "/"):
+            route.continue_()
+        else:
+            elsewhere.append(route.request.url)
+            route.abort()
+
+    page.route("**/*", only_this_server)
+    page.goto(plain_server.base + path)
+    page.wait_for_selector(title, timeout=30_000)
+    assert page.locator(title).first.inner_text().startswith("BayesGate")
+    page.get_by_text("/v1/predict/file").first.wait_for(timeout=30_000)
+    assert elsewhere == []
