@@ -260,7 +260,7 @@ def switch_interval(seconds: float) -> Iterator[None]:
     The worker thread releases the GIL inside every torch op and needs it back after; a thread
     waiting for the GIL asks the holder to drop it only after the switch interval (5 ms by
     default), so while the event loop runs Python the model stalls between ops. At 100 µs the
-    batched server answered 21 % more images per second (issue 19, docs/service.md)."""
+    batched server answered 21 % more images per second (issue 19, docs/performance.md)."""
     previous = sys.getswitchinterval()
     sys.setswitchinterval(seconds)
     try:

@@ -199,7 +199,7 @@ class NativeBridge:
     # worker's queue and the engine never waits for it; the worker's answer thread answers the
     # previous batch meanwhile. (Taking it when the call ends instead gave batches of 16 rather
     # than 10 under 32 clients, but 817 rather than 936 images/s and more CPU per image:
-    # docs/service.md, the native front end's benchmark.)
+    # docs/performance.md, the native front end's benchmark.)
     in_flight = 1
     timeout_ms = 100  # longest wait in bgf_next_batch (how soon a stop or a reload is seen)
 

@@ -21,7 +21,7 @@ The answers are built by a second thread: after an engine call the worker hands 
 (a queue of one batch) and goes on to gather and compute the next batch while the answer thread
 turns the last one into :class:`~bayesgate.service.prediction.Prediction` s (uncertainty, detector
 scores, flags) and answers its requests. The two overlap — the engine's kernels run without the
-GIL — which is worth ~20–25 % of throughput at one-image requests (docs/service.md). The answers
+GIL — which is worth ~20–25 % of throughput at one-image requests (docs/performance.md). The answers
 are those of the engine call's own model and outputs, so nothing about them changes.
 
 Admission is by work, not by requests: a job costs ``B × K`` image-passes, and the queue holds at

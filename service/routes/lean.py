@@ -2,7 +2,7 @@
 
 FastAPI spends more CPU per request on its own work (dependency solving, exit stacks, body
 validation through the endpoint's signature, routing over every route) than these routes spend
-on the image (docs/service.md, "Where the request path's CPU goes"). :class:`LeanRoutes`, the
+on the image (docs/performance.md, "Where the request path's CPU goes"). :class:`LeanRoutes`, the
 innermost middleware, hands ``POST /v1/predict`` and ``POST /v2/models/{name}/infer`` straight
 to their :class:`LeanEndpoint`: request id, access log, HTTP metrics, header and body limits (the
 middleware outside it) still apply; Starlette's exception middleware, FastAPI's exit stack and

@@ -4,7 +4,7 @@ previous one back when it stops — also when its start-up fails.
 The worker thread releases the GIL inside every torch op; a thread waiting for the GIL asks the
 holder to drop it only after the switch interval, so with Python's 5 ms the event loop's Python
 work stalled the model between ops (issue 19: the batched server answered 21 % more images per
-second at 100 µs, docs/service.md).
+second at 100 µs, docs/performance.md).
 """
 
 from __future__ import annotations
