@@ -4,9 +4,10 @@ The native port answers a ``/v2`` binary infer request on its own only when it i
 service would take it, and relays everything else to the service. So for *any* request, both
 ports must give the same status, and for a seeded request the same bytes. A few hundred requests
 are made from valid ones by structured mutations (a field set to a wrong type, size, shape or
-value; the header length, the raw tensor bytes or the content type changed; a byte of the JSON
-header overwritten) with a seeded generator, and each is sent to both ports. Then raw garbage on
-the native port's socket: every reply is a 4xx or a closed connection, and the port still serves.
+value; the header length, the raw tensor bytes, the content type or the content coding changed;
+a byte of the JSON header overwritten) with a seeded generator, and each is sent to both ports.
+Then raw garbage on the native port's socket: every reply is a 4xx or a closed connection, and
+the port still serves.
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ def valid_request(rng: random.Random) -> dict[str, Any]:
         ]
     if rng.random() < 0.1:
         header["id"] = f"req-{rng.randrange(1000)}"
-    return {"header": header, "raw": raw, "hcl": None, "content_type": None, "flip": None}
+    return {"header": header, "raw": raw, "hcl": None, "content_type": None, "encoding": None,
+            "flip": None}  # fmt: skip
 
 
 def mutate(req: dict[str, Any], rng: random.Random) -> str:
@@ -80,7 +82,8 @@ def mutate(req: dict[str, Any], rng: random.Random) -> str:
     kind = rng.choice(
         ["shape", "datatype", "name", "binary_data_size", "mc_samples", "seed",
          "binary_data_output", "outputs", "parameters", "inputs", "two inputs", "extra key",
-         "header length", "truncate", "extend", "value", "content type", "flip", "flip"]
+         "header length", "truncate", "extend", "value", "content type", "content encoding",
+         "flip", "flip"]
     )  # fmt: skip
     inputs, parameters = h.get("inputs"), h.get("parameters")
     tensor = inputs[0] if isinstance(inputs, list) and inputs else None
@@ -122,6 +125,8 @@ def mutate(req: dict[str, Any], rng: random.Random) -> str:
         req["content_type"] = rng.choice(
             ["application/json", "text/plain", "application/octet-stream", "", "multipart/x"]
         )
+    elif kind == "content encoding":  # the body itself stays as it is: only the header claims it
+        req["encoding"] = rng.choice(["gzip", "identity", "deflate, identity", "br", ""])
     else:  # overwrite one byte of the encoded header with a printable or any byte
         req["flip"] = (
             rng.random(),
@@ -139,6 +144,8 @@ def encode(req: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
     headers = {"Inference-Header-Content-Length": str(hcl), "X-Request-ID": "fuzz"}
     if req["content_type"] is not None:
         headers["Content-Type"] = req["content_type"]
+    if req["encoding"] is not None:
+        headers["Content-Encoding"] = req["encoding"]
     return bytes(head) + req["raw"], headers
 
 
@@ -206,7 +213,7 @@ def test_every_mutated_request_gets_the_same_answer_on_both_ports(
     # the fuzzing reached both sides of every decision: answered natively, relayed, refused
     assert native_answered >= CASES // 10, (native_answered, statuses)
     assert statuses.get(200, 0) >= CASES // 5 and statuses.get(400, 0) >= CASES // 5, statuses
-    assert len(kinds) >= 18, kinds
+    assert len(kinds) >= 19, kinds
 
 
 GARBAGE = [

@@ -26,6 +26,9 @@ pub enum RelayReason {
     Framing,
     /// `Expect` present (the Python service handles `100-continue`).
     Expect,
+    /// `Content-Encoding` present: the service refuses a compressed body (400 on `/v2`) and
+    /// takes `identity`; it judges every such head.
+    Encoding,
     /// No `Host` header, or more than one.
     Host,
     /// The head is over the main port's limits (`max_header_bytes`, `max_header_count`): the
@@ -104,6 +107,9 @@ pub fn check_head(cfg: &Config, head: &Head, framing: Framing) -> Result<usize, 
     }
     if head.has("expect") {
         return Err(RelayReason::Expect);
+    }
+    if head.has("content-encoding") {
+        return Err(RelayReason::Encoding);
     }
     // HTTP/1.1 requires exactly one Host (h11 answers 400 without it): leave that to Python
     let mut host = head.values("host");
@@ -398,6 +404,12 @@ pub(crate) mod tests {
             head_variant(("Host: x\r\n", "Host: x\r\nExpect: 100-continue\r\n")),
             Err(RelayReason::Expect)
         );
+        for coding in ["gzip", "identity", ""] {
+            assert_eq!(
+                head_variant(("Host: x\r\n", &format!("Host: x\r\nContent-Encoding: {coding}\r\n"))),
+                Err(RelayReason::Encoding)
+            );
+        }
         assert_eq!(head_variant(("Host: x\r\n", "")), Err(RelayReason::Host));
         assert_eq!(
             head_variant(("Host: x\r\n", "Host: x\r\nhost: y\r\n")),
