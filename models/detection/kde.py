@@ -90,13 +90,13 @@ class ClassKDE:
                 for (c, _), rows in zip(present, groups, strict=True)
             ]
             offsets = table.index_select(0, classes[order])
-            inner = torch.logsumexp(torch.cat(products) - offsets, dim=1)
+            inner = logsumexp_rows(torch.cat(products) - offsets)
             log_n: torch.Tensor | float = self._class_terms(0, f.dtype)[2]
         else:
             parts, logs = [], []
             for (c, n), rows in zip(present, groups, strict=True):
                 weights, offsets, log_n_c = self._class_terms(c, f.dtype)
-                parts.append(torch.logsumexp(rows @ weights - offsets, dim=1))
+                parts.append(logsumexp_rows(rows @ weights - offsets))
                 logs += [log_n_c] * n
             inner = torch.cat(parts)
             log_n = torch.tensor(logs, dtype=f.dtype, device=f.device)
@@ -109,7 +109,7 @@ class ClassKDE:
         same for every ``i``; the scaled samples and norms are precomputed per class).
         :meth:`log_density` computes the same expression for several classes at once."""
         weights, offsets, log_n = self._class_terms(c, f.dtype)
-        inner = torch.logsumexp(f @ weights - offsets, dim=1)
+        inner = logsumexp_rows(f @ weights - offsets)
         return inner - (f * f).sum(1) / self.bandwidth**2 - log_n
 
     def _class_terms(self, c: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -140,6 +140,32 @@ class ClassKDE:
 
     def class_samples(self, c: int) -> torch.Tensor:
         return self.samples[int(self.offsets[c]) : int(self.offsets[c + 1])]
+
+
+# exp(−87) ≈ 1.6e-38 is still a normal float32 (the smallest is e^−87.34 ≈ 1.2e-38)
+EXP_FLOOR = 87.0
+
+
+def logsumexp_rows(x: torch.Tensor) -> torch.Tensor:
+    """``torch.logsumexp(x, dim=1)``, the same bits, several times faster for a float32 kernel
+    density on the CPU.
+
+    Why: on the CPU, float32 ``exp(t)`` costs tens of nanoseconds per element where the result
+    is below the smallest normal float (``t < −87.34``), against about one elsewhere
+    (torch 2.13: 5 000 such elements 126 µs against 4 µs, ``bench/logsumexp_floor.py``). A kernel
+    density's terms ``t_i − max_j t_j`` are mostly that far down (most samples are far away).
+
+    Same bits: every ``t_i < max − 87`` is raised to ``max − 87``, so its ``exp(t_i − max)`` is
+    ``e^−87 ≈ 1.6e-38`` instead of a value in ``[0, 1.6e-38)``. The row's sum of exponentials is
+    at least 1 (the maximum's own term) and all raised terms together stay below ``n·1.7e-38``,
+    far under half an ulp of 1 (6e-8): whatever order the sum takes, they round away and the sum,
+    its log and the result are the same floats (tested on random rows, and on the bundled models'
+    scores of every test digit). Rows of ``−∞`` or with NaN are unchanged. Only without autograd
+    (the raised terms would lose their, negligible, gradients) and for float32.
+    """
+    if x.dtype == torch.float32 and not (x.requires_grad and torch.is_grad_enabled()):
+        x = torch.maximum(x, x.amax(dim=1, keepdim=True) - EXP_FLOOR)
+    return torch.logsumexp(x, dim=1)
 
 
 def subsample_per_class(

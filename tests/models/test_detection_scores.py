@@ -11,9 +11,11 @@ import torch
 from bayesgate.attacks.metrics import flag_rate, threshold_at_fpr
 from bayesgate.models.detection.fusion import fit_fusion, fit_logistic
 from bayesgate.models.detection.kde import (
+    EXP_FLOOR,
     ClassKDE,
     choose_bandwidth,
     held_out_log_likelihood,
+    logsumexp_rows,
     subsample_per_class,
 )
 from bayesgate.models.detection.mahalanobis import fit_class_gaussians, ledoit_wolf_shrinkage
@@ -115,6 +117,63 @@ def test_kde_log_space_survives_far_points() -> None:
     kde = ClassKDE(torch.zeros(3, 2), torch.tensor([0, 3]), 1.0)
     far = torch.tensor([[30.0, 40.0]])  # ‖f‖² = 2500
     assert float(kde.log_density(far, torch.tensor([0]))) == pytest.approx(-2500.0)
+
+
+def _far_rows(generator: torch.Generator) -> list[torch.Tensor]:
+    """Rows like a kernel density's terms: most far below their maximum (their exp underflows),
+    some just either side of the floor, a few near the maximum; and the edge cases."""
+    rows = []
+    for n in (1, 2, 7, 64, 500, 5000):
+        for scale in (0.5, 20.0, 300.0):
+            x = torch.randn(4, n, generator=generator) * scale - 60.0
+            rows.append(x)
+            edge = (
+                x.amax(1, keepdim=True)
+                - EXP_FLOOR
+                + 3 * torch.rand(4, n, generator=generator)
+                - 1.5
+            )
+            edge[:, 0] = x.amax(1)  # the maximum itself stays
+            rows.append(edge)
+    rows.append(torch.tensor([[-math.inf, -math.inf], [-math.inf, 0.0], [math.inf, 1.0]]))
+    rows.append(torch.tensor([[math.nan, 1.0], [1.0, -200.0]]))
+    return rows
+
+
+def test_logsumexp_rows_is_torch_logsumexp_bit_for_bit() -> None:
+    g = torch.Generator().manual_seed(11)
+    for x in _far_rows(g):
+        got, want = logsumexp_rows(x), torch.logsumexp(x, dim=1)
+        assert torch.equal(got.isnan(), want.isnan())
+        assert torch.equal(got.nan_to_num(), want.nan_to_num()), (x.shape, (got - want).abs().max())
+
+
+def test_logsumexp_rows_sums_no_term_below_the_floor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What makes it fast: the exponentials torch computes are of normal floats only."""
+    seen: list[torch.Tensor] = []
+    real = torch.logsumexp
+    monkeypatch.setattr(torch, "logsumexp", lambda x, dim: seen.append(x) or real(x, dim=dim))
+    x = torch.tensor([[0.0, -100.0, -300.0, -80.0], [5.0, 4.0, -1e6, 5.0]])
+    logsumexp_rows(x)
+    assert torch.equal(seen[0], torch.tensor([[0.0, -87.0, -87.0, -80.0], [5.0, 4.0, -82.0, 5.0]]))
+    # and the kernel density goes through it
+    kde = ClassKDE(torch.zeros(3, 2), torch.tensor([0, 3]), 1.0)
+    kde.log_density(torch.tensor([[30.0, 40.0], [0.0, 1.0]]), torch.tensor([0, 0]))
+    kde.log_density(torch.tensor([[30.0, 40.0]]), torch.tensor([0]))
+    assert len(seen) == 3 and all(
+        bool((t >= t.amax(1, keepdim=True) - EXP_FLOOR).all()) for t in seen
+    )
+
+
+def test_logsumexp_rows_keeps_float64_and_gradients_as_torch_has_them() -> None:
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(3, 50, generator=g, dtype=torch.float64) * 100
+    assert torch.equal(logsumexp_rows(x), torch.logsumexp(x, dim=1))
+    a = (torch.randn(3, 50, generator=g) * 100).requires_grad_()
+    b = a.detach().clone().requires_grad_()
+    logsumexp_rows(a).sum().backward()
+    torch.logsumexp(b, dim=1).sum().backward()
+    assert torch.equal(a.grad, b.grad)  # the unfloored path: every term keeps its gradient
 
 
 def test_bandwidth_maximises_held_out_likelihood_and_is_interior() -> None:
