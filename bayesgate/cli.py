@@ -17,6 +17,7 @@ import argparse
 import copy
 import importlib
 import sys
+import typing
 from collections.abc import Sequence
 from typing import Any
 
@@ -62,6 +63,16 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
         return super()._expand_help(action)
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """An argument parser whose own errors (an unknown flag, ``--k abc``, a missing argument) are
+    one line, as every other user error of the command line is: ``bayesgate train: error: …``
+    and where to read the usage, instead of argparse's whole usage block before the error line
+    (twenty lines for ``train``). Exit code 2, as argparse's."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
+
+
 def subcommand_parsers(parser: argparse.ArgumentParser) -> dict[str, Any]:
     """``{name: parser}`` of the subcommands."""
     for action in parser._actions:
@@ -71,7 +82,7 @@ def subcommand_parsers(parser: argparse.ArgumentParser) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(  # its subcommands' parsers are of its class too
         prog="bayesgate",
         description="Train Bayesian dropout nets, calibrate adversarial-input thresholds, serve.",
     )

@@ -90,3 +90,43 @@ def test_debug_prints_the_traceback_of_a_real_user_error(tmp_path: Path) -> None
     assert debug.returncode == 1
     assert "Traceback (most recent call last)" in debug.stderr
     assert "bayesgate.errors.ModelStoreError" in debug.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "prog", "says"),
+    [
+        (
+            ["train", "--epochs", "x"],
+            "bayesgate train",
+            "argument --epochs: invalid int value: 'x'",
+        ),
+        (["adaptive-eval"], "bayesgate adaptive-eval", "required: model, --out"),
+        (["serve", "--port"], "bayesgate serve", "argument --port: expected one argument"),
+        (
+            ["evaluate", "m", "--no-such-flag"],
+            "bayesgate",
+            "unrecognized arguments: --no-such-flag",
+        ),
+        (["nosuch"], "bayesgate", "invalid choice: 'nosuch'"),
+    ],
+)
+def test_argparse_errors_are_one_line_with_exit_code_2(
+    capsys: pytest.CaptureFixture, argv: list[str], prog: str, says: str
+) -> None:
+    """argparse's own errors too: no usage block before the line, which names the --help."""
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    assert info.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith(f"{prog}: error: ") and says in lines[0], lines[0]
+    assert lines[0].endswith(f"(see: {prog} --help)")
+
+
+def test_help_is_still_the_whole_usage(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main(["train", "--help"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: bayesgate train [-h]")
