@@ -235,6 +235,20 @@ class WorkerStats:
             }
 
 
+def use_process_thread_count() -> None:
+    """Make the calling thread compute with torch's thread count (``torch.get_num_threads()``,
+    set by ``BAYESGATE_NUM_THREADS``), from its first operation on.
+
+    ``torch.set_num_threads`` sets OpenMP's count in the thread that calls it only; a thread
+    started later reads torch's count in ATen's own parallel loops, but MKL's matrix products
+    and oneDNN's convolutions run with OpenMP's default (every core) until some ATen parallel
+    loop in that thread happens to apply the count. So the worker's first engine calls used a
+    different count than the later ones — and than the setting (``--threads 1`` still computed
+    on two cores, and a seeded answer's last bits changed after the first calls). Calling it
+    again in the thread applies it there."""
+    torch.set_num_threads(torch.get_num_threads())
+
+
 class BatchWorker:
     """Owns the model; runs :class:`Job` s from a bounded queue in dynamic micro-batches."""
 
@@ -581,6 +595,7 @@ class BatchWorker:
         return work * min(self._pass_seconds)
 
     def _run(self) -> None:
+        use_process_thread_count()
         while not self._stop.is_set():
             try:
                 batch = self._gather()
@@ -742,6 +757,7 @@ class BatchWorker:
 
     def _answer_loop(self) -> None:
         """The answer thread: answer each computed batch in turn until ``None``."""
+        use_process_thread_count()
         while True:
             computed = self._computed.get()
             if computed is None:

@@ -245,8 +245,9 @@ def native(tiny_model_dir: Path) -> Iterator[tuple[NativeBridge, Any, Settings]]
     worker = start_worker(served, settings)
     # a warm-up call, as the app makes before it is ready: without it, after other test modules
     # had run torch in this process, the first seeded answer differed from later identical ones
-    # in its last bits (probably the intra-op thread count the worker thread first ran with:
-    # 1 and 2 threads differ by that much, docs/service.md#batching-and-seeds)
+    # in its last bits (the intra-op thread count the worker thread first ran with, before
+    # service/worker.py's use_process_thread_count: 1 and 2 threads differ by that much,
+    # docs/service.md#batching-and-seeds)
     warm = worker.submit(torch.zeros(1, 1, 28, 28), 2, seed=0, return_samples=False,
                          deadline=time.monotonic() + 60)  # fmt: skip
     warm.future.result(60)

@@ -210,16 +210,24 @@ async def test_worker_refuses_work_when_not_running(tiny_model_dir: Any) -> None
 
 
 async def test_worker_answers_match_the_engine_on_the_loaded_network(tiny_model_dir: Any) -> None:
-    """Seeded worker output equals ``mc_predict`` on an independently loaded copy."""
+    """Seeded worker output equals ``mc_predict`` on an independently loaded copy.
+
+    At one torch thread, set here before the worker starts: the worker's thread must compute
+    with it from its first call (``use_process_thread_count``). Without that, its matrix products
+    ran on every core (OpenMP's default in a new thread), and the answer's last bits differed from
+    this thread's one-thread ones — every time on a 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     worker = BatchWorker(load_served_model(tiny_model_dir, "cpu"))
     worker.start()
     x = torch.rand(3, 1, 28, 28, generator=torch.Generator().manual_seed(0))
     try:
         rows = await worker.predict(x, 6, seed=5, return_samples=True)
+        net = load_model(tiny_model_dir).network
+        expected = mc_engine(net, x, 6, torch.Generator().manual_seed(5))
     finally:
         worker.stop()
-    net = load_model(tiny_model_dir).network
-    expected = mc_engine(net, x, 6, torch.Generator().manual_seed(5))
+        torch.set_num_threads(threads)
     assert torch.equal(torch.tensor([r.samples for r in rows]), expected)
 
 
