@@ -108,7 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # named by the subcommand's parser: "bayesgate train: error: …train --help"
+        command = subcommand_parsers(parser).get(getattr(args, "command", None) or "", parser)
+        command.error(f"unrecognized arguments: {' '.join(unknown)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -104,9 +104,11 @@ def test_debug_prints_the_traceback_of_a_real_user_error(tmp_path: Path) -> None
         (["serve", "--port"], "bayesgate serve", "argument --port: expected one argument"),
         (
             ["evaluate", "m", "--no-such-flag"],
-            "bayesgate",
+            "bayesgate evaluate",
             "unrecognized arguments: --no-such-flag",
         ),
+        (["train", "--bogus", "x"], "bayesgate train", "unrecognized arguments: --bogus x"),
+        (["--bogus"], "bayesgate", "unrecognized arguments: --bogus"),
         (["nosuch"], "bayesgate", "invalid choice: 'nosuch'"),
     ],
 )

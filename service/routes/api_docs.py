@@ -1,4 +1,5 @@
-"""The interactive API docs (``GET /docs``: Swagger UI, ``GET /redoc``: ReDoc) served with their
+"""The interactive API docs (``GET /docs``: Swagger UI, ``GET /redoc``: ReDoc; ``HEAD`` too, as
+FastAPI's own pages) served with their
 JavaScript and CSS from this server, so they work where the browser cannot reach a CDN (an
 air-gapped cluster, a laptop offline). FastAPI's own pages load them from cdn.jsdelivr.net and stay
 blank without it.
@@ -68,7 +69,7 @@ def docs_router(app: FastAPI) -> APIRouter:
     redirect_url = app.swagger_ui_oauth2_redirect_url or "/docs/oauth2-redirect"
     router = APIRouter(include_in_schema=False)
 
-    @router.get("/docs", response_class=HTMLResponse)
+    @router.api_route("/docs", response_class=HTMLResponse, methods=["GET", "HEAD"])
     async def swagger_ui() -> HTMLResponse:
         return _same_host(
             get_swagger_ui_html(
@@ -82,11 +83,11 @@ def docs_router(app: FastAPI) -> APIRouter:
             )
         )
 
-    @router.get(redirect_url, response_class=HTMLResponse)
+    @router.api_route(redirect_url, response_class=HTMLResponse, methods=["GET", "HEAD"])
     async def swagger_ui_redirect() -> HTMLResponse:
         return get_swagger_ui_oauth2_redirect_html()
 
-    @router.get("/redoc", response_class=HTMLResponse)
+    @router.api_route("/redoc", response_class=HTMLResponse, methods=["GET", "HEAD"])
     async def redoc() -> HTMLResponse:
         return _same_host(
             get_redoc_html(
@@ -98,7 +99,7 @@ def docs_router(app: FastAPI) -> APIRouter:
             )
         )
 
-    @router.get(ASSET_PREFIX + "/{name}")
+    @router.api_route(ASSET_PREFIX + "/{name}", methods=["GET", "HEAD"])
     async def docs_asset(name: str) -> Response:
         """One of the docs' files; any other name is the service's JSON 404."""
         if name not in ASSETS:

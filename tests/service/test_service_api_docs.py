@@ -54,6 +54,9 @@ async def test_docs_pages_load_only_files_of_this_server(
             shipped = resources.files("fastapi_offline").joinpath("static", name).read_bytes()
             assert got.content == shipped and len(shipped) > 500
         assert "/openapi.json" in page.text
+        head = await client.head(path)
+        assert head.status_code == 200 and head.content == b""
+        assert (await client.head(f"{ASSET_PREFIX}/favicon.png")).status_code == 200
 
 
 async def test_swagger_ui_is_version_5_which_reads_openapi_3_1(
