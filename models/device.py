@@ -36,3 +36,17 @@ def set_threads(threads: int | None) -> None:
     if threads < 1:
         raise InvalidArgument(f"--threads must be ≥ 1, got {threads}")
     torch.set_num_threads(threads)
+
+
+def use_process_thread_count() -> None:
+    """Make the calling thread compute with torch's thread count (``torch.get_num_threads()``,
+    ``--threads``, ``BAYESGATE_NUM_THREADS``), from its first operation on.
+
+    ``torch.set_num_threads`` sets OpenMP's count in the thread that calls it only; a thread
+    started later reads torch's count in ATen's own parallel loops, but MKL's matrix products
+    and oneDNN's convolutions run with OpenMP's default (every core) until some ATen parallel
+    loop in that thread happens to apply the count. So the worker's first engine calls used a
+    different count than the later ones — and than the setting (``--threads 1`` still computed
+    on two cores, and a seeded answer's last bits changed after the first calls). Calling it
+    again in the thread applies it there."""
+    torch.set_num_threads(torch.get_num_threads())

@@ -26,6 +26,7 @@ from torch import nn
 
 from bayesgate.attacks.methods import ATTACKS, Attack
 from bayesgate.attacks.model_fn import frozen_parameters, log_predictive_fn
+from bayesgate.models.device import use_process_thread_count
 from bayesgate.service.served_model import ServedModel
 
 
@@ -67,6 +68,7 @@ def run_attacks(
     The same request gives the same images, and FGS at several η uses one gradient sign ``s``:
     ``x'_η = clip(x − η·s)`` moves along one line, whatever other η the request holds.
     """
+    use_process_thread_count()  # a thread of asyncio's pool: compute with the server's count
     device = next(network.parameters()).device
     x = x.to(device)
     y = torch.tensor([label], dtype=torch.int64, device=device)

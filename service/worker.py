@@ -71,6 +71,7 @@ from typing import Any
 
 import torch
 
+from bayesgate.models.device import use_process_thread_count
 from bayesgate.service.engine import CallStopped, Engine, checkpoints, mc_engine
 from bayesgate.service.errors import (
     ClientGone,
@@ -233,20 +234,6 @@ class WorkerStats:
                 "compute_cpu_seconds_total": self.compute_cpu_seconds,
                 "recent_batch_sizes": sizes[-64:],
             }
-
-
-def use_process_thread_count() -> None:
-    """Make the calling thread compute with torch's thread count (``torch.get_num_threads()``,
-    set by ``BAYESGATE_NUM_THREADS``), from its first operation on.
-
-    ``torch.set_num_threads`` sets OpenMP's count in the thread that calls it only; a thread
-    started later reads torch's count in ATen's own parallel loops, but MKL's matrix products
-    and oneDNN's convolutions run with OpenMP's default (every core) until some ATen parallel
-    loop in that thread happens to apply the count. So the worker's first engine calls used a
-    different count than the later ones — and than the setting (``--threads 1`` still computed
-    on two cores, and a seeded answer's last bits changed after the first calls). Calling it
-    again in the thread applies it there."""
-    torch.set_num_threads(torch.get_num_threads())
 
 
 class BatchWorker:

@@ -238,6 +238,30 @@ async def test_pgd_stays_inside_the_eps_ball(
     assert again.json()["results"][0]["instance"] == result["instance"]  # seeded
 
 
+async def test_attacks_compute_with_the_server_s_thread_count(
+    serving: Callable[[Settings], Any],
+    make_settings: Callable[..., Settings],
+    mnist_test: tuple[torch.Tensor, torch.Tensor],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The attack runs in a thread of asyncio's pool, which computes with OpenMP's default count
+    until told the server's (``use_process_thread_count``, tested on the worker's answers)."""
+    from bayesgate.service import demo_attack
+
+    applied: list[str] = []
+    real = demo_attack.use_process_thread_count
+    monkeypatch.setattr(
+        demo_attack,
+        "use_process_thread_count",
+        lambda: applied.append(threading.current_thread().name) or real(),
+    )
+    async with serving(make_settings(demo=True)) as (_, client):
+        params = {"method": "fgs", "etas": [0.1], "attack_mc_samples": 2}
+        got = await client.post("/v1/attack", json=body(mnist_test[0][0], **params))
+    assert got.status_code == 200, got.text
+    assert len(applied) == 1 and applied[0] != threading.main_thread().name
+
+
 async def test_a_second_attack_is_503_at_once_and_predictions_still_flow(
     serving: Callable[[Settings], Any],
     make_settings: Callable[..., Settings],
