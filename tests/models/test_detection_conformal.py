@@ -46,7 +46,9 @@ def test_p_values_are_the_direct_count() -> None:
             count = sum(1 for r in stored if r >= x[name][i])
             assert p[i, j] == (1 + count) / (len(stored) + 1)
     fused = rule.score(_torch(x)).numpy()
-    np.testing.assert_allclose(fused, -np.log(p.min(axis=1)), rtol=0, atol=0)
+    # two libraries' float64 log: within an ulp or two, not always the same bits (numpy 1.26's
+    # AVX-512 log differed from torch's by one ulp on 47 of these 200 values, 2026-11-29)
+    np.testing.assert_allclose(fused, -np.log(p.min(axis=1)), rtol=1e-15, atol=0)
 
 
 def test_reference_is_rounded_and_sorted_and_round_trips_json() -> None:
