@@ -334,10 +334,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.admin_key_digest = key_digest(admin_key) if admin_key else None
     install_error_handlers(app)
     routers = api_routers(settings)
+    if settings.docs:  # /docs, /redoc and their files: routes like the API's (metrics labels)
+        routers = [*routers, ("", docs_router(app))]
     for prefix, router in routers:
         app.include_router(router, prefix=prefix)
-    if settings.docs:
-        app.include_router(docs_router(app))
     app.state.allowed_methods = AllowedMethods(route_methods(routers))
     add_middleware(app, settings, metrics, route_templates(routers))
     app.openapi = partial(openapi_with_exact_bounds, app, app.openapi)  # type: ignore[method-assign]

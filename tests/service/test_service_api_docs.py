@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from fastapi import FastAPI
+from prometheus_text import metric_value
 
 from bayesgate.service.routes.api_docs import ASSET_PREFIX, ASSETS, docs_router
 from bayesgate.service.settings import Settings
@@ -57,6 +58,12 @@ async def test_docs_pages_load_only_files_of_this_server(
         head = await client.head(path)
         assert head.status_code == 200 and head.content == b""
         assert (await client.head(f"{ASSET_PREFIX}/favicon.png")).status_code == 200
+        # counted under their own routes, as the API's are
+        text = (await client.get("/metrics")).text
+        total = "bayesgate_http_requests_total"
+        assert metric_value(text, total, route=path, status="200") == 2  # GET and HEAD
+        assert metric_value(text, total, route=f"{ASSET_PREFIX}/{{name}}", status="200") >= 2
+        assert metric_value(text, total, route="unmatched") == 0
 
 
 async def test_swagger_ui_is_version_5_which_reads_openapi_3_1(
