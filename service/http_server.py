@@ -42,10 +42,12 @@ import sys
 import time
 from typing import Any
 
+import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.supervisors import Multiprocess
 
 from bayesgate.service.bad_requests import NamedBadRequests, record_h11_errors
+from bayesgate.service.lingering_close import LingeringClose
 
 _adopting: set[asyncio.Task[Any]] = set()  # connections being handed to the protocol
 
@@ -84,15 +86,26 @@ class DrainOnShutdown:
             )
 
 
-class DrainingH11Protocol(NamedBadRequests, DrainOnShutdown, H11Protocol):
+class DrainingH11Protocol(LingeringClose, NamedBadRequests, DrainOnShutdown, H11Protocol):
     """uvicorn's h11 protocol, except that shutdown does not close a connection between requests
-    at once: it gets the keep-alive timeout to send one last request, answered and closed; and a
+    at once: it gets the keep-alive timeout to send one last request, answered and closed; a
     request h11 rejects gets a JSON 400 naming h11's reason
-    (:mod:`~bayesgate.service.bad_requests`)."""
+    (:mod:`~bayesgate.service.bad_requests`); and a connection closed while the client is still
+    sending lingers (:mod:`~bayesgate.service.lingering_close`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         record_h11_errors(self)
+
+    def client_may_still_send(self) -> bool:
+        """A body not yet all received, a head begun, or a stream h11 rejected."""
+        their_state = self.conn.their_state
+        return (
+            self._bad_request is not None
+            or their_state is h11.SEND_BODY
+            or their_state is h11.ERROR
+            or (their_state is h11.IDLE and bool(self.conn.trailing_data[0]))
+        )
 
     def handle_events(self) -> None:
         super().handle_events()

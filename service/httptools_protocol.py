@@ -31,15 +31,19 @@ from bayesgate.service.bad_requests import (
     too_large_response,
 )
 from bayesgate.service.http_server import DrainOnShutdown
+from bayesgate.service.lingering_close import LingeringClose
 
 # uvicorn's Config(http=...) takes an import string; the worker processes import it themselves.
 BOUNDED_HTTPTOOLS = "bayesgate.service.httptools_protocol:BoundedHttpToolsProtocol"
 
 
-class BoundedHttpToolsProtocol(NamedBadRequests, DrainOnShutdown, HttpToolsProtocol):
+class BoundedHttpToolsProtocol(
+    LingeringClose, NamedBadRequests, DrainOnShutdown, HttpToolsProtocol
+):
     """httptools with bounded request heads, a shutdown that resets no waiting request
-    (:class:`~bayesgate.service.http_server.DrainOnShutdown`), and a JSON 400 naming the parser's
-    reason for a request it rejects (:mod:`~bayesgate.service.bad_requests`)."""
+    (:class:`~bayesgate.service.http_server.DrainOnShutdown`), a JSON 400 naming the parser's
+    reason for a request it rejects (:mod:`~bayesgate.service.bad_requests`), and a lingering
+    close while the client is still sending (:mod:`~bayesgate.service.lingering_close`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -49,6 +53,11 @@ class BoundedHttpToolsProtocol(NamedBadRequests, DrainOnShutdown, HttpToolsProto
     _head_bytes = 0
     _head_count = 0
     _refused = False
+    _mid_message = False  # from a request's first byte to its end
+
+    def client_may_still_send(self) -> bool:
+        """A request begun and not ended, or a stream refused or rejected by the parser."""
+        return self._mid_message or self._refused or self._bad_request is not None
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
@@ -64,6 +73,7 @@ class BoundedHttpToolsProtocol(NamedBadRequests, DrainOnShutdown, HttpToolsProto
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._mid_message = True
         self._awaiting_head = True
         self._head_count = 0
 
@@ -97,6 +107,7 @@ class BoundedHttpToolsProtocol(NamedBadRequests, DrainOnShutdown, HttpToolsProto
         if self._refused:
             return
         super().on_message_complete()
+        self._mid_message = False
         self._awaiting_head = True
         self._head_bytes = 0
 

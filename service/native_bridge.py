@@ -140,6 +140,9 @@ def front_config(served: ServedModel, settings: Settings, upstream: str) -> dict
         # as the main port: an idle keep-alive connection, a request whose bytes stop coming
         "idle_timeout_ms": settings.keep_alive_timeout_s * 1000,
         "read_timeout_ms": int(settings.body_read_timeout_s * 1000),
+        # as the main port: a connection closed while the client still sends lingers
+        "linger_ms": int(settings.linger_s * 1000),
+        "linger_idle_ms": max(1, int(settings.linger_idle_s * 1000)),
         "access_log": access_log_format(settings),
         "pid": os.getpid(),
         "latency_buckets": list(LATENCY_BUCKETS),

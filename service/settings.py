@@ -94,6 +94,17 @@ class Settings(BaseSettings):
     keep_alive_timeout_s: int = Field(
         5, ge=1, description="an idle keep-alive connection is closed after this many seconds"
     )
+    linger_s: float = Field(
+        10.0,
+        ge=0,
+        description="a connection closed while its client is still sending (413, 431, 400, 408 "
+        "answered early) is half-closed and what still arrives is read and dropped, so the "
+        "client can read the answer instead of a reset: for at most this long in all "
+        "(0 = close at once)",
+    )
+    linger_idle_s: float = Field(
+        2.0, gt=0, description="… and at most this long between two reads of such a connection"
+    )
     worker_healthcheck_timeout_s: int = Field(
         60,
         ge=1,

@@ -100,10 +100,23 @@ pub struct Config {
     /// The main port's body limit (`max_body_bytes`; unbounded when absent): a larger
     /// `Content-Length` is relayed, for the service's own 413.
     pub max_body_bytes: u64,
+    /// After a response that closes the connection, what the client still sends is read and
+    /// dropped (so it does not turn the close into a reset that loses the response) until it
+    /// closes its side, for at most this long in all (`linger_ms`, default 10 s; 0 = at once:
+    /// the service's `BAYESGATE_LINGER_S`) …
+    pub linger: Duration,
+    /// … and at most this long between two reads (`linger_idle_ms`, default 2 s:
+    /// `BAYESGATE_LINGER_IDLE_S`).
+    pub linger_idle: Duration,
 }
 
 /// `idle_timeout_ms` / `read_timeout_ms` when the start configuration does not give them.
 pub const DEFAULT_TIMEOUT_MS: u64 = 75_000;
+/// `linger_ms` / `linger_idle_ms` when the configuration does not give them (the service's
+/// defaults).
+pub const DEFAULT_LINGER_MS: u64 = 10_000;
+/// See [`DEFAULT_LINGER_MS`].
+pub const DEFAULT_LINGER_IDLE_MS: u64 = 2_000;
 
 /// Itemsize of an OIP datatype the front end can slice.
 pub fn itemsize(datatype: &str) -> Option<usize> {
@@ -338,6 +351,8 @@ impl Config {
             max_header_bytes: opt_uint(&root, "max_header_bytes", u64::MAX)?,
             max_header_count: opt_uint(&root, "max_header_count", u64::MAX)?,
             max_body_bytes: opt_uint(&root, "max_body_bytes", u64::MAX)?,
+            linger: Duration::from_millis(opt_uint(&root, "linger_ms", DEFAULT_LINGER_MS)?),
+            linger_idle: millis(&root, "linger_idle_ms", DEFAULT_LINGER_IDLE_MS)?,
         };
         Ok(cfg)
     }
@@ -382,6 +397,22 @@ pub(crate) mod tests {
         assert_eq!(c.access_log, AccessLogFormat::Off);
         assert_eq!(c.pid, 4242);
         assert_eq!(c.latency_buckets, vec![0.005, 0.05, 0.5, 5.0]);
+    }
+
+    #[test]
+    fn linger_times_default_to_the_service_and_zero_turns_lingering_off() {
+        let c = test_config();
+        assert_eq!(c.linger, Duration::from_secs(10));
+        assert_eq!(c.linger_idle, Duration::from_secs(2));
+        let text = test_config_text(0, "127.0.0.1:9");
+        let with = |extra: &str| text.replace("\"pid\":4242", &format!("\"pid\":4242,{extra}"));
+        let c = Config::parse(with("\"linger_ms\":0,\"linger_idle_ms\":150").as_bytes()).unwrap();
+        assert_eq!(c.linger, Duration::ZERO);
+        assert_eq!(c.linger_idle, Duration::from_millis(150));
+        let err = Config::parse(with("\"linger_idle_ms\":0").as_bytes()).unwrap_err();
+        assert!(err.contains("linger_idle_ms"), "{err}");
+        let err = Config::parse(with("\"linger_ms\":-1").as_bytes()).unwrap_err();
+        assert!(err.contains("linger_ms"), "{err}");
     }
 
     #[test]

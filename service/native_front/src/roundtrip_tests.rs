@@ -489,3 +489,76 @@ fn start_reports_errors() {
     let msg = std::ffi::CStr::from_bytes_until_nul(&err).unwrap().to_str().unwrap();
     assert!(msg.starts_with("config:"), "{msg}");
 }
+
+/// Start the front end with `extra` config keys and no upstream; returns (handle, port).
+fn start_with(extra: &str) -> (H, u16) {
+    let text = test_config_text(0, "127.0.0.1:9").replace("\"pid\":4242", &format!("\"pid\":4242,{extra}"));
+    let h = start(&text);
+    let port = unsafe { bgf_port(h.0) };
+    (h, port as u16)
+}
+
+fn stop(h: H) {
+    unsafe {
+        bgf_stop(h.0);
+        bgf_free(h.0);
+    }
+}
+
+#[test]
+fn a_refused_request_is_answered_while_the_client_still_sends() {
+    // The client writes a malformed head and 8 MiB more before it reads (as Python's urllib
+    // writes a whole body): the front end half-closes after its 400 and drops what follows, so
+    // every write succeeds and the 400 is read. Closing at once (or after 1 MiB, as before)
+    // reset the connection: the writes failed with a broken pipe.
+    let (h, port) = start_with("\"linger_ms\":10000,\"linger_idle_ms\":2000");
+    let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(b"NOT HTTP\r\n\r\n").unwrap();
+    let junk = vec![b'x'; 64 * 1024];
+    for _ in 0..128 {
+        c.write_all(&junk).expect("the front end lingers: no reset while the client sends");
+    }
+    let mut got = Vec::new();
+    c.read_to_end(&mut got).unwrap();
+    assert!(got.starts_with(b"HTTP/1.1 400 Bad Request\r\n"), "{}", String::from_utf8_lossy(&got));
+    stop(h);
+}
+
+/// Seconds from the 400 until a write of the client fails (the front end closed for good),
+/// writing `piece` bytes every `every`; None if no write failed within 10 s.
+fn seconds_until_closed(port: u16, piece: usize, every: Duration) -> Option<f64> {
+    let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    c.write_all(b"NOT HTTP\r\n\r\n").unwrap();
+    let mut r = BufReader::new(c.try_clone().unwrap());
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    assert!(line.starts_with("HTTP/1.1 400"), "{line}");
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(10) {
+        thread::sleep(every);
+        if c.write_all(&vec![b'x'; piece]).is_err() {
+            return Some(t.elapsed().as_secs_f64());
+        }
+    }
+    None
+}
+
+#[test]
+fn lingering_ends_after_the_idle_and_total_bounds() {
+    let (h, port) = start_with("\"linger_ms\":600,\"linger_idle_ms\":200");
+    // a client that sends a byte every 50 ms is never idle for 200 ms: closed after 600 ms in
+    // all (a write fails at the reset that follows, within a few more pieces)
+    let total = seconds_until_closed(port, 1, Duration::from_millis(50)).expect("closed");
+    assert!((0.55..3.0).contains(&total), "{total}");
+    // a client that waits 400 ms between pieces is closed after 200 ms idle: its first piece
+    // is answered by a reset, the second fails
+    let idle = seconds_until_closed(port, 1, Duration::from_millis(400)).expect("closed");
+    assert!((0.35..1.5).contains(&idle), "{idle}");
+    stop(h);
+    // with linger_ms 0 the close is at once: no piece gets through
+    let (h, port) = start_with("\"linger_ms\":0");
+    let now = seconds_until_closed(port, 1, Duration::from_millis(50)).expect("closed");
+    assert!(now < 0.5, "{now}");
+    stop(h);
+}

@@ -356,7 +356,7 @@ fn reject_busy(shared: &Arc<Shared>, mut stream: TcpStream, addr: SocketAddr) {
             .stack_size(64 * 1024)
             .spawn(move || {
                 answered(&s, &mut stream);
-                close_gracefully(&mut stream);
+                close_gracefully(&mut stream, &s.config());
                 s.busy_threads.fetch_sub(1, Ordering::SeqCst);
             });
         if spawned.is_err() {
@@ -372,18 +372,26 @@ fn reject_busy(shared: &Arc<Shared>, mut stream: TcpStream, addr: SocketAddr) {
     let _ = stream.shutdown(Shutdown::Write);
 }
 
-/// Close after a final response: half-close, drain what the client still sends (briefly),
-/// so unread pipelined bytes do not turn the close into a reset that loses the response.
-fn close_gracefully(stream: &mut TcpStream) {
+/// Close after a final response: half-close, then read and drop what the client still sends
+/// until it closes its side, at most `cfg.linger_idle` between two reads and `cfg.linger` in all
+/// (the service's `BAYESGATE_LINGER_IDLE_S` / `BAYESGATE_LINGER_S`). Bytes still arriving at a
+/// closed socket turn the close into a reset, which can take the response with it: a client
+/// that writes its whole body before reading (Python's urllib) then saw "broken pipe" instead of
+/// a relayed 413 (with the 1 MiB this read at most before, for any body over about 2 MiB).
+fn close_gracefully(stream: &mut TcpStream, cfg: &Config) {
     let _ = stream.flush();
     let _ = stream.shutdown(Shutdown::Write);
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
-    let mut sink = [0u8; 4096];
-    let mut drained = 0;
-    while drained < (1 << 20) {
+    let start = Instant::now();
+    let mut sink = [0u8; 16 * 1024];
+    loop {
+        let left = cfg.linger.saturating_sub(start.elapsed());
+        if left.is_zero() || stream.set_read_timeout(Some(left.min(cfg.linger_idle))).is_err() {
+            break;
+        }
         match stream.read(&mut sink) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => drained += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Ok(0) | Err(_) => break, // the client's end of stream, a timeout or an error
+            Ok(_) => {}
         }
     }
 }
@@ -473,7 +481,7 @@ fn serve_connection(shared: &Shared, stream: &mut TcpStream, slot: &ConnSlot, cl
                 &a,
                 false,
             );
-            close_gracefully(stream);
+            close_gracefully(stream, &cfg);
         };
         let Some(end) = end.filter(|&e| e <= MAX_HEAD) else {
             unframeable(stream, 431, http::HEAD_TOO_LARGE_BODY);
@@ -529,7 +537,7 @@ fn serve_connection(shared: &Shared, stream: &mut TcpStream, slot: &ConnSlot, cl
                 };
                 shared.answer(&cfg, stream, &bytes, &a, false); // counted before it is written
             }
-            close_gracefully(stream);
+            close_gracefully(stream, &cfg);
             return;
         };
 
@@ -603,7 +611,7 @@ fn serve_connection(shared: &Shared, stream: &mut TcpStream, slot: &ConnSlot, cl
             return;
         }
         if close {
-            close_gracefully(stream);
+            close_gracefully(stream, &cfg);
             return;
         }
     }

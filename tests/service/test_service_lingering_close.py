@@ -1,0 +1,181 @@
+"""A connection the server closes while its client still sends lingers (service/lingering_close.py).
+
+A real ``bayesgate serve`` with each HTTP parser and event loop: a client that writes its whole
+request before it reads — Python's ``urllib``, which also sends ``Connection: close`` — gets the
+JSON 413 for a body over ``BAYESGATE_MAX_BODY_BYTES``, and a raw client the 431 / 400 for a head
+refused while it still sends, where closing at once made the kernel reset the connection (urllib:
+"connection reset by peer"). The lingering is bounded (``BAYESGATE_LINGER_S`` in all,
+``BAYESGATE_LINGER_IDLE_S`` between reads; 0 = off), a complete request answered with
+``Connection: close`` is closed at once, and the server keeps serving. The native front end's
+port does the same (its own close, and the relayed 413).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from raw_http import json_body, read_response
+from serve_process import Server, free_port, start_server
+
+from bayesgate.service.event_loop import uvloop_missing
+from bayesgate.service.native_build import find_cargo
+
+LINGER_S, LINGER_IDLE_S = 3.0, 0.4
+BIG = 9 * 1024 * 1024  # over the default BAYESGATE_MAX_BODY_BYTES (8 MiB)
+
+VARIANTS = [
+    ("httptools", "asyncio"),
+    ("h11", "asyncio"),
+    pytest.param(
+        ("httptools", "uvloop"),
+        marks=pytest.mark.skipif(bool(uvloop_missing()), reason="uvloop is not installed"),
+    ),
+]
+
+
+@pytest.fixture(scope="module", params=VARIANTS, ids=lambda v: "-".join(v))
+def server(
+    request: pytest.FixtureRequest, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    parser, loop = request.param
+    server = start_server(
+        tiny_model_dir,
+        tmp_path_factory.mktemp("linger"),
+        http_parser=parser,
+        event_loop=loop,
+        linger_s=LINGER_S,
+        linger_idle_s=LINGER_IDLE_S,
+    )
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def urllib_post(port: int, body: bytes) -> tuple[int, dict]:
+    """POST ``body`` to /v1/predict with urllib (writes it all, then reads): status and JSON."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/predict",
+        data=body,
+        headers={"Content-Type": "application/json"},
+    )
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=30) as response:
+            return response.status, json_body(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json_body(exc.read())
+
+
+def test_urllib_gets_the_413_for_a_body_over_the_limit(server: Server) -> None:
+    for _ in range(3):
+        status, body = urllib_post(server.port, b"0" * BIG)
+        assert status == 413, body
+        assert body["code"] == "payload_too_large" and "8388608" in body["error"], body
+    assert httpx.get(f"{server.base}/healthz", timeout=10, trust_env=False).status_code == 200
+
+
+def send_then_read(
+    port: int, first: bytes, more: int, piece: int = 64 * 1024, pause: float = 0.0
+) -> tuple:
+    """Write ``first`` and ``more`` bytes of junk after it in pieces ``pause`` seconds apart,
+    then read one response. A failing write fails the test: that is the reset lingering
+    prevents."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(first)
+        for _ in range(more // piece):
+            sock.sendall(b"a" * piece)
+            time.sleep(pause)
+        return read_response(sock)
+
+
+def test_a_head_refused_while_it_arrives_is_answered_and_the_rest_dropped(server: Server) -> None:
+    """One header of 128 KiB in 1 KiB pieces 2 ms apart, without waiting for an answer: the
+    431 comes at 32 KiB and no later write fails (closing at once reset the connection, so
+    tests/service/test_service_hostile_live.py had to stop sending when the answer came)."""
+    status, headers, body = send_then_read(
+        server.port,
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ",
+        128 * 1024,
+        piece=1024,
+        pause=0.002,
+    )
+    assert status == 431, body
+    assert json_body(body)["code"] == "headers_too_large"
+    assert headers["connection"] == "close"
+
+
+def test_a_malformed_stream_is_answered_while_the_client_sends_on(server: Server) -> None:
+    status, headers, body = send_then_read(server.port, b"GARBAGE\r\n\r\n", 4 * 1024 * 1024)
+    assert status == 400, body
+    assert json_body(body)["code"] == "malformed_request"
+    assert headers["connection"] == "close"
+
+
+def seconds_until_closed(port: int, request: bytes, every: float) -> float:
+    """Send ``request``, read its answer, then write a byte every ``every`` seconds: the seconds
+    until a write fails (the server closed for good and reset), at most 10."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(request)
+        status, _, _ = read_response(sock)
+        assert status in (200, 400), status
+        start = time.monotonic()
+        while time.monotonic() - start < 10:
+            time.sleep(every)
+            try:
+                sock.sendall(b"x")
+            except OSError:
+                return time.monotonic() - start
+    raise AssertionError("the server never closed the connection")
+
+
+def test_lingering_is_bounded_in_all_and_between_reads(server: Server) -> None:
+    garbage = b"GARBAGE\r\n\r\n"
+    # never idle for 0.4 s: closed after 3 s in all
+    total = seconds_until_closed(server.port, garbage, every=0.1)
+    assert LINGER_S - 0.1 <= total < LINGER_S + 3, total
+    # 0.7 s between bytes: closed 0.4 s after the answer; the byte at 0.7 s meets the reset
+    idle = seconds_until_closed(server.port, garbage, every=0.7)
+    assert idle < LINGER_S - 0.5, idle
+    # a complete request answered with Connection: close: no lingering, closed at once
+    done = seconds_until_closed(
+        server.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", every=0.1
+    )
+    assert done < 1.0, done
+    assert httpx.get(f"{server.base}/healthz", timeout=10, trust_env=False).status_code == 200
+
+
+def test_linger_zero_closes_at_once(tiny_model_dir: Path, tmp_path: Path) -> None:
+    server = start_server(tiny_model_dir, tmp_path, linger_s=0)
+    try:
+        assert seconds_until_closed(server.port, b"GARBAGE\r\n\r\n", every=0.1) < 1.0
+    finally:
+        server.stop()
+
+
+@pytest.mark.skipif(find_cargo() is None, reason="cargo (Rust) is not installed")
+def test_the_native_port_relays_the_413_and_lingers(tiny_model_dir: Path, tmp_path: Path) -> None:
+    native_port = free_port()
+    server = start_server(
+        tiny_model_dir,
+        tmp_path,
+        native_port=native_port,
+        linger_s=LINGER_S,
+        linger_idle_s=LINGER_IDLE_S,
+    )
+    try:
+        status, body = urllib_post(native_port, b"0" * BIG)
+        assert status == 413 and body["code"] == "payload_too_large", body
+        status, _, body = send_then_read(native_port, b"NOT HTTP\r\n\r\n", 4 * 1024 * 1024)
+        assert status == 400, body
+        idle = seconds_until_closed(native_port, b"NOT HTTP\r\n\r\n", every=0.7)
+        assert idle < LINGER_S - 0.5, idle
+    finally:
+        server.stop()
