@@ -18,9 +18,12 @@ keep-alive timeout, the shutdown of an idle connection, a complete request answe
 
 :class:`LingeringClose` is mixed into both parsers' protocols (first in their bases). It hands
 uvicorn a :class:`LingeringTransport`, whose ``close`` does the above: uvicorn's protocol is
-swapped for a :class:`DrainProtocol` that counts and drops the bytes and passes the eventual
-``connection_lost`` on to it, so uvicorn's bookkeeping (its connection set, keep-alive timer, a
-request task told of the disconnect) runs exactly once, when the socket is really closed.
+swapped for a :class:`DrainProtocol` that drops the bytes and passes the eventual
+``connection_lost`` on to it, so uvicorn's bookkeeping (its connection set, keep-alive timer)
+runs exactly once, when the socket is really closed. A request still running when lingering
+starts (a pipelined request behind one the parser rejected) is told of the disconnect at once and
+its answer is dropped, as a closed transport dropped it; the half-close waits for the answer to
+be flushed, and a reset that races it closes the connection instead of raising into uvicorn.
 """
 
 from __future__ import annotations
@@ -45,18 +48,32 @@ def linger_times() -> tuple[float, float]:
 
 
 class DrainProtocol(asyncio.Protocol):
-    """What a lingering connection talks to: drops what arrives, closes at the client's end of
-    stream, after ``idle_s`` without a byte or ``total_s`` in all; ``connection_lost`` goes on
-    to the HTTP protocol it replaced."""
+    """What a lingering connection talks to: half-closes it once the answer is flushed, drops
+    what arrives, closes at the client's end of stream, after ``idle_s`` without a byte or
+    ``total_s`` in all; ``connection_lost`` goes on to the HTTP protocol it replaced."""
 
     def __init__(
         self, transport: asyncio.Transport, protocol: Any, total_s: float, idle_s: float
     ) -> None:
         self.transport, self.protocol = transport, protocol
         self.total_s, self.idle_s = total_s, idle_s
-        self.dropped = 0  # bytes read and dropped (for tests and logs)
         self.start = self.last = time.monotonic()
-        self.timer = asyncio.get_running_loop().call_later(idle_s, self.check)
+        self.loop = asyncio.get_running_loop()
+        self.timer = self.loop.call_later(min(idle_s, total_s), self.check)
+
+    def half_close(self) -> None:
+        """Shut the write side once the transport's buffer is empty (asyncio's own deferred
+        ``shutdown`` after a buffered answer raises into the loop if the client has reset), and
+        close instead if that fails (a reset raced it: ENOTCONN)."""
+        if self.transport.is_closing():
+            return
+        if self.transport.get_write_buffer_size():
+            self.loop.call_later(0.02, self.half_close)  # ends with the timer's close
+            return
+        try:
+            self.transport.write_eof()
+        except OSError:
+            self.transport.close()
 
     def check(self) -> None:
         """Close once idle for ``idle_s`` or lingering ``total_s``; else look again then."""
@@ -65,10 +82,9 @@ class DrainProtocol(asyncio.Protocol):
         if now >= due:
             self.transport.close()
         else:
-            self.timer = asyncio.get_running_loop().call_later(due - now, self.check)
+            self.timer = self.loop.call_later(due - now, self.check)
 
     def data_received(self, data: bytes) -> None:
-        self.dropped += len(data)
         self.last = time.monotonic()
 
     def eof_received(self) -> bool:
@@ -88,7 +104,8 @@ class DrainProtocol(asyncio.Protocol):
 
 class LingeringTransport:
     """The transport uvicorn's protocol sees: the real one, except that :meth:`close` lingers
-    while the protocol's client may still be sending (``protocol.client_may_still_send()``)."""
+    while the protocol's client may still be sending (``protocol.client_may_still_send()``), and
+    that once it has, writes are dropped (as they were once the transport was closed)."""
 
     def __init__(self, transport: asyncio.Transport, protocol: Any) -> None:
         self._transport, self._protocol = transport, protocol
@@ -109,10 +126,23 @@ class LingeringTransport:
         ):
             transport.close()
             return
+        self._protocol.end_request()  # a request still running gets its disconnect now
         self.drain = DrainProtocol(transport, self._protocol, total_s, idle_s)
-        transport.set_protocol(self.drain)
-        transport.write_eof()  # after what is buffered: the response, then end of stream
-        transport.resume_reading()  # uvicorn may have paused it (a body it did not read)
+        try:
+            transport.set_protocol(self.drain)
+            transport.resume_reading()  # uvicorn may have paused it (a body it did not read)
+        except (OSError, RuntimeError):
+            transport.close()
+            return
+        self.drain.half_close()
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self.drain is None:
+            self._transport.write(data)
+
+    def writelines(self, data: Any) -> None:
+        if self.drain is None:
+            self._transport.writelines(data)
 
     def lost(self) -> None:
         """The socket closed by itself: nothing to linger for."""
@@ -142,3 +172,12 @@ class LingeringClose:
     def client_may_still_send(self) -> bool:
         """True while a request is incomplete or the stream was refused (override)."""
         raise NotImplementedError
+
+    def end_request(self) -> None:
+        """What uvicorn's ``connection_lost`` tells a request still running (its app sees
+        ``http.disconnect``, its answer is dropped), told when lingering starts instead of up to
+        ``BAYESGATE_LINGER_S`` later."""
+        cycle = getattr(self, "cycle", None)
+        if cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True
+            cycle.message_event.set()

@@ -13,6 +13,7 @@ port does the same (its own close, and the relayed 413).
 from __future__ import annotations
 
 import socket
+import struct
 import time
 import urllib.error
 import urllib.request
@@ -33,10 +34,13 @@ BIG = 9 * 1024 * 1024  # over the default BAYESGATE_MAX_BODY_BYTES (8 MiB)
 VARIANTS = [
     ("httptools", "asyncio"),
     ("h11", "asyncio"),
-    pytest.param(
-        ("httptools", "uvloop"),
-        marks=pytest.mark.skipif(bool(uvloop_missing()), reason="uvloop is not installed"),
-    ),
+    *[
+        pytest.param(
+            (parser, "uvloop"),
+            marks=pytest.mark.skipif(bool(uvloop_missing()), reason="uvloop is not installed"),
+        )
+        for parser in ("httptools", "h11")
+    ],
 ]
 
 
@@ -152,10 +156,56 @@ def test_lingering_is_bounded_in_all_and_between_reads(server: Server) -> None:
     assert httpx.get(f"{server.base}/healthz", timeout=10, trust_env=False).status_code == 200
 
 
-def test_linger_zero_closes_at_once(tiny_model_dir: Path, tmp_path: Path) -> None:
-    server = start_server(tiny_model_dir, tmp_path, linger_s=0)
+def no_errors_logged(server: Server) -> None:
+    """No traceback in the server's log, no 500 in its access log."""
+    log = server.log_path.read_text()
+    assert "Traceback" not in log and "Exception in ASGI application" not in log, log[-3000:]
+    assert not [r for r in server.log_records() if r.get("status") == 500]
+
+
+def test_a_reset_racing_the_half_close_is_no_error(server: Server) -> None:
+    """Clients that announce a body over the limit, read the start of the 413 and reset the
+    connection: the half-close meets a reset socket (ENOTCONN). It raised into uvicorn's send
+    on asyncio's loop, which logged a traceback and counted a 500 for a 413 that had been sent
+    (850 of 3000 such clients with httptools, found in review)."""
+    head = (
+        b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Connection: close\r\nContent-Length: %d\r\n\r\n" % BIG
+    )
+    for _ in range(300):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            sock.sendall(head + b"0" * 1000)
+            assert sock.recv(20).startswith(b"HTTP/1.1 413")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    assert httpx.get(f"{server.base}/healthz", timeout=10, trust_env=False).status_code == 200
+    no_errors_logged(server)
+
+
+def test_a_request_behind_a_rejected_one_is_dropped_without_error(server: Server) -> None:
+    """A complete request and garbage in one write: the garbage's 400 starts the lingering while
+    the first request may still be running; its answer is dropped as before (it raised "Cannot
+    call write() after write_eof()" into uvicorn: a traceback and a 500, found in review)."""
+    for _ in range(20):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGARBAGE\r\n\r\n")
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+        assert b"HTTP/1.1 400" in data, data
+    assert httpx.get(f"{server.base}/healthz", timeout=10, trust_env=False).status_code == 200
+    no_errors_logged(server)
+
+
+@pytest.mark.parametrize("linger_s", [0, 0.6])
+def test_linger_s_bounds_the_lingering_below_the_idle_bound(
+    linger_s: float, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """0 closes at once; 0.6 closes after 0.6 s though the idle bound (2 s) is longer (the first
+    check came only after the idle bound, found in review)."""
+    server = start_server(tiny_model_dir, tmp_path, linger_s=linger_s)
     try:
-        assert seconds_until_closed(server.port, b"GARBAGE\r\n\r\n", every=0.1) < 1.0
+        closed = seconds_until_closed(server.port, b"GARBAGE\r\n\r\n", every=0.1)
+        assert closed < linger_s + 0.8, closed
     finally:
         server.stop()
 
