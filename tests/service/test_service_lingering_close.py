@@ -140,11 +140,11 @@ def seconds_until_closed(port: int, request: bytes, every: float) -> float:
     raise AssertionError("the server never closed the connection")
 
 
-def test_lingering_is_bounded_in_all_and_between_reads(server: Server) -> None:
+def test_lingering_ends_after_the_idle_bound_and_not_after_a_complete_request(
+    server: Server,
+) -> None:
+    """(The bound in all is checked once, below the idle bound: the last test.)"""
     garbage = b"GARBAGE\r\n\r\n"
-    # never idle for 0.4 s: closed after 3 s in all
-    total = seconds_until_closed(server.port, garbage, every=0.1)
-    assert LINGER_S - 0.1 <= total < LINGER_S + 3, total
     # 0.7 s between bytes: closed 0.4 s after the answer; the byte at 0.7 s meets the reset
     idle = seconds_until_closed(server.port, garbage, every=0.7)
     assert idle < LINGER_S - 0.5, idle
@@ -200,12 +200,12 @@ def test_a_request_behind_a_rejected_one_is_dropped_without_error(server: Server
 def test_linger_s_bounds_the_lingering_below_the_idle_bound(
     linger_s: float, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    """0 closes at once; 0.6 closes after 0.6 s though the idle bound (2 s) is longer (the first
-    check came only after the idle bound, found in review)."""
+    """0 closes at once; 0.6 closes after 0.6 s in all, for a client never idle, though the idle
+    bound (2 s) is longer (the first check came only after the idle bound, found in review)."""
     server = start_server(tiny_model_dir, tmp_path, linger_s=linger_s)
     try:
         closed = seconds_until_closed(server.port, b"GARBAGE\r\n\r\n", every=0.1)
-        assert closed < linger_s + 0.8, closed
+        assert linger_s - 0.1 <= closed < linger_s + 0.8, closed
     finally:
         server.stop()
 
