@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from bayesgate.errors import InvalidArgument
 from bayesgate.extras import Need
@@ -368,8 +368,22 @@ def setting_error(
     field = "_".join(str(p) for p in first["loc"])
     name = (flags or {}).get(field) or prefix + field.upper()
     got = "" if "KEY" in name.upper() else f" (got {first.get('input')!r})"  # never echo a secret
-    return InvalidArgument(f"{name}: {message}{got}" if name.startswith("--") else
-                           f"setting {name}: {message}{got}")  # fmt: skip
+    if name.startswith("--"):
+        return InvalidArgument(f"{name}: {message}{got}")
+    return InvalidArgument(f"setting {name}: {message}{got}{service_link_hint(first)}")
+
+
+def service_link_hint(error: Any) -> str:
+    """Why an environment value looks like ``tcp://10.0.0.1:80``: Kubernetes' service links (a
+    Service named ``bayesgate`` gives every pod of its namespace ``BAYESGATE_PORT=tcp://…``)."""
+    value = error.get("input")
+    if not (isinstance(value, str) and value.startswith(("tcp://", "udp://"))):
+        return ""
+    return (
+        "; that is a Kubernetes service link (a Service named bayesgate sets BAYESGATE_PORT and "
+        "BAYESGATE_SERVICE_* in every pod of its namespace): set enableServiceLinks: false in "
+        "the pod spec, or the variable explicitly (deploy/kubernetes does both)"
+    )
 
 
 def _exit_cleanly(signum: int, frame: FrameType | None) -> None:

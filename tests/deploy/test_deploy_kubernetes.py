@@ -9,6 +9,7 @@ unknown or misspelt field fails).
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import signal
 import socket
@@ -24,12 +25,12 @@ import kubernetes_validate
 import pytest
 import yaml
 from deploy_files import REPO_ROOT, Dockerfile
-from kustomize import merge, of_kind, pod_template, render
+from kustomize import merge, of_kind, pod_template, render, split_image
 
 from bayesgate.service.settings import Settings, settings_from_env
 
 K8S = REPO_ROOT / "deploy" / "kubernetes"
-VARIANTS = {"cpu": K8S, "gpu": K8S / "gpu"}
+VARIANTS = {"cpu": K8S / "cpu", "gpu": K8S / "gpu"}
 # the oldest Kubernetes release still in wide use when this was written, and the newest schema
 VERSIONS = ["1.29.0", kubernetes_validate.latest_version()]
 VENV_BIN = Path(sys.executable).parent
@@ -44,31 +45,76 @@ def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_manifests_are_valid_kubernetes(variant: str, version: str) -> None:
     docs = render(VARIANTS[variant])
-    assert [d["kind"] for d in docs] == ["Deployment", "Service", "PodDisruptionBudget"]
+    assert [d["kind"] for d in docs] == ["Service", "Deployment", "PodDisruptionBudget"]
     for doc in docs:
         kubernetes_validate.validate(doc, version, strict=True)
 
 
-def test_the_schema_check_and_the_reader_can_fail(tmp_path: Path) -> None:
-    docs = render(K8S)
-    bad = merge(docs[0], {"spec": {"template": {"spec": {"containers": [
+def test_the_schema_check_can_fail() -> None:
+    docs = render(VARIANTS["cpu"])
+    bad = merge(of_kind(docs, "Deployment"), {"spec": {"template": {"spec": {"containers": [
         {"name": "bayesgate", "readinessProbe": {"httpGet": {"path": "/readyz", "prot": 8000}}}
     ]}}}})  # fmt: skip
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(bad, VERSIONS[-1], strict=True)
-    (tmp_path / "kustomization.yaml").write_text("resources: []\nnamePrefix: x-\n")
+
+
+def write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_the_reader_refuses_what_kustomize_refuses_or_it_does_not_know(tmp_path: Path) -> None:
+    """An overlay inside its base (Kustomize: "cycle detected"; the first layout had gpu/ inside
+    the base and `resources: [..]`, found in review), a file outside the directory, keys,
+    directives and nulls it does not implement."""
+    write(tmp_path / "kustomization.yaml", "resources: [service.yaml]\n")
+    write(tmp_path / "service.yaml", "kind: Service\nmetadata: {name: s}\n")
+    write(tmp_path / "gpu" / "kustomization.yaml", "resources: [..]\n")
+    with pytest.raises(ValueError, match="cycle"):
+        render(tmp_path / "gpu")
+    write(tmp_path / "o" / "kustomization.yaml", "resources: [../service.yaml]\n")
+    with pytest.raises(ValueError, match="outside"):
+        render(tmp_path / "o")
+    write(tmp_path / "p" / "kustomization.yaml", "resources: [..]\nnamePrefix: x-\n")
     with pytest.raises(ValueError, match="namePrefix"):
-        render(tmp_path)
+        render(tmp_path / "p")
+    service = {"kind": "Service", "spec": {"ports": [{"name": "http", "port": 80}]}}
+    with pytest.raises(ValueError, match="patch"):
+        merge(service, {"spec": {"$patch": "replace"}})
+    with pytest.raises(ValueError, match="null"):
+        merge(service, {"spec": {"ports": None}})
 
 
-def test_every_manifest_file_is_a_resource() -> None:
-    listed = yaml.safe_load((K8S / "kustomization.yaml").read_text())["resources"]
-    files = sorted(p.name for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml")
+def test_the_reader_merges_lists_by_their_kubernetes_keys() -> None:
+    service = {"spec": {"ports": [{"name": "http", "port": 80}]}}
+    both = merge(service, {"spec": {"ports": [{"name": "grpc", "port": 8001}]}})
+    assert [p["port"] for p in both["spec"]["ports"]] == [80, 8001]  # by port, not replaced
+    pod = {"containers": [{"name": "a", "ports": [{"containerPort": 1}], "args": ["x"]}]}
+    out = merge(pod, {"containers": [{"name": "a", "ports": [{"containerPort": 2}], "args": []}]})
+    assert out["containers"][0]["ports"] == [{"containerPort": 1}, {"containerPort": 2}]
+    assert out["containers"][0]["args"] == []  # an ordinary list is replaced
+    assert split_image("registry.example.com:5000/team/bayesgate:1.4") == (
+        "registry.example.com:5000/team/bayesgate",
+        "1.4",
+    )
+    assert split_image("registry.example.com:5000/team/bayesgate") == (
+        "registry.example.com:5000/team/bayesgate",
+        "",
+    )
+
+
+def test_every_manifest_file_is_a_resource_and_every_variant_is_tested() -> None:
+    base = K8S / "base"
+    listed = yaml.safe_load((base / "kustomization.yaml").read_text())["resources"]
+    files = sorted(p.name for p in base.glob("*.yaml") if p.name != "kustomization.yaml")
     assert sorted(listed) == files
+    overlays = {p.parent.name for p in K8S.glob("*/kustomization.yaml")} - {"base"}
+    assert overlays == set(VARIANTS)
 
 
 def test_the_pod_runs_the_image_as_built(dockerfile: Dockerfile) -> None:
-    docs = render(K8S)
+    docs = render(VARIANTS["cpu"])
     pod = pod_template(docs)
     c = container(docs)
     assert c["image"] == "bayesgate:cpu"
@@ -77,6 +123,10 @@ def test_the_pod_runs_the_image_as_built(dockerfile: Dockerfile) -> None:
     image_env = dockerfile.env({"VARIANT": "cpu"})
     (port,) = c["ports"]
     assert port["containerPort"] == int(image_env["BAYESGATE_PORT"])
+    # no Kubernetes service links (a Service named bayesgate sets BAYESGATE_PORT=tcp://…), and
+    # the port set explicitly as well, which would win over them
+    assert pod["spec"]["enableServiceLinks"] is False
+    assert manifest_env(docs)["BAYESGATE_PORT"] == str(port["containerPort"])
     assert pod["metadata"]["annotations"]["prometheus.io/port"] == str(port["containerPort"])
     user = dockerfile.final.all("USER")[-1].args.split(":")
     context = pod["spec"]["securityContext"]
@@ -105,7 +155,7 @@ def test_the_pod_runs_the_image_as_built(dockerfile: Dockerfile) -> None:
 
 
 def test_the_gpu_overlay_adds_a_gpu_and_keeps_the_rest() -> None:
-    cpu, gpu = render(K8S), render(K8S / "gpu")
+    cpu, gpu = render(VARIANTS["cpu"]), render(VARIANTS["gpu"])
     c = container(gpu)
     assert c["image"] == "bayesgate:gpu"
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
@@ -113,11 +163,34 @@ def test_the_gpu_overlay_adds_a_gpu_and_keeps_the_rest() -> None:
     assert pod_template(gpu)["spec"]["tolerations"][0]["key"] == "nvidia.com/gpu"
     for name in ("ports", "env", "startupProbe", "readinessProbe", "livenessProbe"):
         assert c[name] == container(cpu)[name], name
-    assert gpu[1:] == cpu[1:]  # the Service and the budget are the base's
+    for name in ("securityContext", "volumeMounts"):
+        assert c[name] == container(cpu)[name], name
+    cpu_pod, gpu_pod = pod_template(cpu)["spec"], pod_template(gpu)["spec"]
+    assert {k: v for k, v in gpu_pod.items() if k not in ("containers", "tolerations")} == {
+        k: v for k, v in cpu_pod.items() if k != "containers"
+    }
+    # one replica at a time: a surge pod would wait for a spare GPU
+    rolling = of_kind(gpu, "Deployment")["spec"]["strategy"]["rollingUpdate"]
+    assert rolling == {"maxSurge": 0, "maxUnavailable": 1}
+    for kind in ("Service", "PodDisruptionBudget"):
+        assert of_kind(gpu, kind) == of_kind(cpu, kind)
 
 
 def manifest_env(docs: list[dict[str, Any]]) -> dict[str, str]:
-    return {e["name"]: e["value"] for e in container(docs)["env"]}
+    """The container's environment as the kubelet sets it: values, and ``resourceFieldRef``s
+    to the container's own CPU request (whole cores, rounded up, as with ``divisor: "1"``)."""
+    c = container(docs)
+    env = {}
+    for entry in c["env"]:
+        if "value" in entry:
+            env[entry["name"]] = entry["value"]
+            continue
+        ref = entry["valueFrom"]["resourceFieldRef"]
+        assert ref == {"containerName": c["name"], "resource": "requests.cpu", "divisor": "1"}
+        cpu = str(c["resources"]["requests"]["cpu"])
+        cores = int(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
+        env[entry["name"]] = str(math.ceil(cores))
+    return env
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -135,6 +208,9 @@ def test_settings_are_valid_and_the_grace_period_covers_the_drain(
     settings = settings_from_env()
     grace = pod_template(docs)["spec"]["terminationGracePeriodSeconds"]
     assert grace >= settings.drain_delay_s + settings.drain_timeout_s + 5
+    # a request may take its whole deadline: the drain waits that long for it
+    assert settings.drain_timeout_s >= settings.request_timeout_s
+    assert settings.num_threads == {"cpu": 2, "gpu": 1}[variant]  # the CPU request
 
 
 def get(url: str) -> int:
@@ -155,7 +231,7 @@ def test_the_pod_serves_for_its_probes_and_writes_only_to_tmp(
     liveness and readiness probes' URLs answer 200, readiness turns 503 on SIGTERM while requests
     are still served, the process exits within the grace period, and nothing is written outside
     the ``/tmp`` mount (its home and working directory stay empty)."""
-    docs = render(K8S)
+    docs = render(VARIANTS["cpu"])
     c = container(docs)
     home, cwd, tmp = tmp_path / "home", tmp_path / "cwd", tmp_path / "tmp"
     for d in (home, cwd, tmp):

@@ -112,7 +112,22 @@ def test_a_bad_value_is_named_by_the_flag_that_gave_it(
     assert "BAYESGATE_PORT" not in err
     monkeypatch.setenv("BAYESGATE_PORT", "70000")
     assert main(["serve"]) == 2
-    assert _one_line(capsys).startswith("bayesgate: error: setting BAYESGATE_PORT: ")
+    err = _one_line(capsys)
+    assert err.startswith("bayesgate: error: setting BAYESGATE_PORT: ")
+    assert "service link" not in err
+
+
+def test_a_kubernetes_service_link_in_the_port_setting_is_explained(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Service named bayesgate gives its namespace's pods BAYESGATE_PORT=tcp://IP:80 (found in
+    review of deploy/kubernetes, whose pods did not start): the error says where it comes from."""
+    monkeypatch.setenv("BAYESGATE_PORT", "tcp://10.96.12.34:80")
+    monkeypatch.setenv("BAYESGATE_SERVICE_HOST", "10.96.12.34")
+    assert main(["serve"]) == 2
+    err = _one_line(capsys)
+    assert err.startswith("bayesgate: error: setting BAYESGATE_PORT: ")
+    assert "'tcp://10.96.12.34:80'" in err and "enableServiceLinks: false" in err
 
 
 def test_a_missing_model_dir_flag_is_named_as_the_flag(
