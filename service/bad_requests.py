@@ -25,6 +25,7 @@ import h11
 import httptools
 
 from bayesgate.service.errors import error_body
+from bayesgate.service.settings import protocol_settings
 
 CODE = "malformed_request"
 MAX_REASON = 200  # characters of the parser's message kept (h11 quotes the offending line)
@@ -32,19 +33,11 @@ STATUS_LINES = {400: b"HTTP/1.1 400 Bad Request\r\n",
                 431: b"HTTP/1.1 431 Request Header Fields Too Large\r\n"}  # fmt: skip
 Headers = Sequence[tuple[bytes, bytes]]
 
-# Set by ``bayesgate serve`` (worker processes read the settings from the environment).
-_limits: dict[str, int] = {}
-
 
 def head_limits() -> tuple[int, int]:
-    """``(max_header_bytes, max_header_count)`` from the service settings, read once."""
-    if not _limits:
-        from bayesgate.service.settings import settings_from_env
-
-        settings = settings_from_env()
-        _limits["bytes"] = settings.max_header_bytes
-        _limits["count"] = settings.max_header_count
-    return _limits["bytes"], _limits["count"]
+    """``(max_header_bytes, max_header_count)`` of the serving process's settings."""
+    settings = protocol_settings()
+    return settings.max_header_bytes, settings.max_header_count
 
 
 def refusal(status: int, message: str, code: str, default_headers: Headers = ()) -> bytes:

@@ -289,3 +289,16 @@ def _check_key_text(text: str, where: str) -> None:
 def settings_from_env(**overrides: object) -> Settings:
     """Settings from the environment, with ``overrides`` taking precedence (CLI flags)."""
     return Settings(**{k: v for k, v in overrides.items() if v is not None})
+
+
+_protocol_settings: list[Settings] = []
+
+
+def protocol_settings() -> Settings:
+    """The serving process's settings, read from its environment once, for uvicorn's HTTP
+    protocol classes (uvicorn's worker processes import them by name and build one per
+    connection, with no app at hand; ``bayesgate serve`` put every setting into the
+    environment): the head limits, the lingering close's times."""
+    if not _protocol_settings:
+        _protocol_settings.append(settings_from_env())
+    return _protocol_settings[0]

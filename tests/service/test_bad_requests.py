@@ -9,13 +9,14 @@ import h11
 import httptools
 import pytest
 
-from bayesgate.service import bad_requests
+from bayesgate.service import settings as settings_module
 from bayesgate.service.bad_requests import (
     NamedBadRequests,
     RecordingParser,
     bad_request_response,
     record_h11_errors,
 )
+from bayesgate.service.settings import Settings
 
 
 def split(response: bytes) -> tuple[str, dict[str, str], dict]:
@@ -70,8 +71,9 @@ def test_h11_s_reason_is_kept_and_its_size_bound_is_a_431(monkeypatch: pytest.Mo
     status, body = answer_of(b"GET / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n")
     assert status == "HTTP/1.1 400 Bad Request"
     assert body["error"] == "malformed HTTP request: conflicting Content-Length headers"
-    monkeypatch.setitem(bad_requests._limits, "bytes", 100)
-    monkeypatch.setitem(bad_requests._limits, "count", 10)
+    # below the settings' own floor (1024), so built without validation
+    small = Settings.model_construct(max_header_bytes=100, max_header_count=10)
+    monkeypatch.setattr(settings_module, "_protocol_settings", [small])
     status, body = answer_of(b"GET / HTTP/1.1\r\nX: " + b"a" * 200, max_incomplete=100)
     assert status == "HTTP/1.1 431 Request Header Fields Too Large"
     assert body["code"] == "headers_too_large" and "more than 100 bytes" in body["error"]
