@@ -108,7 +108,6 @@ class LingeringTransport:
     def __init__(self, transport: asyncio.Transport, protocol: Any) -> None:
         self._transport, self._protocol = transport, protocol
         self._closing = False
-        self.drain: DrainProtocol | None = None  # set while lingering
         # what uvicorn calls per request, bound here: no proxy call on the hot path (a method
         # that checked `drain` cost ~0.7 µs per write here, __getattr__ ~1.7 µs, against ~0.08)
         self.write = transport.write
@@ -132,14 +131,14 @@ class LingeringTransport:
             return
         self._protocol.end_request()  # a request still running gets its disconnect now
         self.write = self.writelines = _drop  # as a closed transport dropped them
-        self.drain = DrainProtocol(transport, self._protocol, total_s, idle_s)
+        drain = DrainProtocol(transport, self._protocol, total_s, idle_s)
         try:
-            transport.set_protocol(self.drain)
+            transport.set_protocol(drain)
             transport.resume_reading()  # uvicorn may have paused it (a body it did not read)
         except (OSError, RuntimeError):
             transport.close()
             return
-        self.drain.half_close()
+        drain.half_close()
 
     def lost(self) -> None:
         """The socket closed by itself: nothing to linger for."""
