@@ -23,11 +23,14 @@ it. :func:`close_listeners`, called when uvicorn's shutdown begins, takes every 
 queue first and closes the socket right after. That leaves the two system calls between the last
 ``accept()`` and ``close()`` (one reset in ~760 connections in a CI run, 2026-11-27), so the
 queue is first stopped from growing: :func:`refuse_new_connections` attaches a socket filter that
-drops every packet the listening socket receives (Linux). A client's SYN is then dropped; it
-retries after about a second, finds the port closed and is *refused*. The socket is shared by
-``--workers N`` processes, and one worker stopping (uvicorn's rolling restart on SIGHUP) must not
-stop the others accepting, so there the :class:`Supervisor` attaches it, and only when it stops
-them all, a moment (:data:`REFUSE_LEAD_S`) before their drain delay ends.
+drops every new connection's SYN (Linux). A client whose SYN is dropped retries after about a
+second, finds the port closed and is *refused*; a handshake already under way when the filter goes
+on completes (its last ACK is let through) and is served. The filter goes on :data:`REFUSE_LEAD_S`
+before the drain delay ends, so such a handshake has that long to complete before the last
+``accept()``. The socket is shared by ``--workers N`` processes, and one worker stopping
+(uvicorn's rolling restart on SIGHUP) must not stop the others accepting, so there the
+:class:`Supervisor` attaches it, and only when it stops them all; a single worker attaches it
+itself (:func:`refuse_listeners`, scheduled by :mod:`bayesgate.service.shutdown`).
 """
 
 from __future__ import annotations
@@ -52,9 +55,17 @@ from bayesgate.service.lingering_close import LingeringClose
 _adopting: set[asyncio.Task[Any]] = set()  # connections being handed to the protocol
 
 SO_ATTACH_FILTER = 26  # <asm-generic/socket.h>; Python's socket module does not name it
-BPF_RET_K = 0x06  # BPF_RET | BPF_K: "return k" — the number of bytes of the packet to keep
-REFUSE_LEAD_S = 0.25  # the supervisor refuses new connections this long before the drain delay ends
-
+TCP_SYN, TCP_ACK = 0x02, 0x10  # flag bits of byte 13 of the TCP header
+# Classic BPF, run by the kernel on each segment the listening socket receives, the TCP header at
+# offset 0; (code, jt, jf, k) as struct sock_filter. The result is how many bytes to keep: 0 drops.
+REFUSE_SYN_FILTER = (
+    (0x30, 0, 0, 13),  # ldb [13]           A = the flags byte
+    (0x54, 0, 0, TCP_SYN | TCP_ACK),  # and #0x12     A = its SYN and ACK bits
+    (0x15, 0, 1, TCP_SYN),  # jeq #0x02, 0, 1    SYN without ACK: a new connection
+    (0x06, 0, 0, 0),  # ret #0               drop it
+    (0x06, 0, 0, 0xFFFFFFFF),  # ret #-1       keep anything else whole
+)
+REFUSE_LEAD_S = 0.25  # new connections are refused this long before the drain delay ends
 # uvicorn's Config(http=...) takes an import string; the worker processes import it themselves.
 DRAINING_H11 = "bayesgate.service.http_server:DrainingH11Protocol"
 
@@ -114,19 +125,26 @@ class DrainingH11Protocol(LingeringClose, NamedBadRequests, DrainOnShutdown, H11
 
 
 def refuse_new_connections(listener: socket.socket) -> bool:
-    """Stop ``listener``'s accept queue from growing: attach a classic BPF socket filter that
-    keeps 0 bytes of every packet (``ret #0``), so SYNs and handshake-completing ACKs are dropped
-    and no connection is added to the queue. Connections already queued or accepted are not
-    touched (an accepted socket keeps the filter it was cloned with). A client whose SYN is
-    dropped retransmits it (after ~1 s); by then the socket is closed and the answer is a reset
-    to the SYN — *connection refused* — never an established connection reset with its request.
+    """Stop ``listener``'s accept queue from growing: attach a classic BPF socket filter
+    (:data:`REFUSE_SYN_FILTER`) that drops every SYN opening a new connection and lets every
+    other segment through. A client whose SYN is dropped retransmits it (after ~1 s); by then the
+    socket is closed and the answer is a reset to the SYN — *connection refused* — never an
+    established connection reset with its request. A handshake the kernel had begun (SYN
+    answered) completes, as the client already counts it established and may have sent its
+    request: its last ACK and data pass, and it joins the queue to be accepted and served.
+    (A filter that dropped every segment reset that client when the socket closed, one
+    round trip's window at the moment the filter went on.) Connections already queued or
+    accepted are not touched; one completed later is cloned with the filter, which drops nothing
+    an established connection receives.
 
     Shared by every process holding a copy of the socket. Returns False (nothing attached) off
     Linux or when the kernel refuses the filter."""
     if sys.platform != "linux":
         return False
-    program = ctypes.create_string_buffer(struct.pack("HBBI", BPF_RET_K, 0, 0, 0))
-    fprog = struct.pack("HP", 1, ctypes.addressof(program))  # struct sock_fprog {len, *filter}
+    program = ctypes.create_string_buffer(
+        b"".join(struct.pack("HBBI", *op) for op in REFUSE_SYN_FILTER)
+    )
+    fprog = struct.pack("HP", len(REFUSE_SYN_FILTER), ctypes.addressof(program))  # sock_fprog
     try:
         listener.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
     except OSError as exc:
@@ -179,6 +197,29 @@ class Supervisor(Multiprocess):
             sock.close()
 
 
+def sole_owner(server: Any) -> bool:
+    """Whether ``server`` (a ``uvicorn.Server``) is the only process on its listening sockets:
+    with ``--workers N > 1`` the :class:`Supervisor` refuses new connections for them all."""
+    return getattr(server.config, "workers", 1) <= 1
+
+
+def refuse_listeners(server: Any) -> int:
+    """A single worker's :func:`refuse_new_connections` on each of its listening sockets, a moment
+    (:data:`REFUSE_LEAD_S`) before its drain delay ends; how many took the filter. Nothing for a
+    worker of ``--workers N > 1``, TLS, or a server not listening. Call on the event loop."""
+    if server is None or not getattr(server, "servers", None) or not sole_owner(server):
+        return 0
+    if getattr(server.config, "ssl", None) is not None:
+        return 0  # not used by bayesgate serve: uvicorn closes as it does
+    refused = 0
+    for listening in server.servers:
+        for sock in listening.sockets or ():
+            # uvloop's and asyncio's socket wrappers differ; a duplicate is the same socket
+            with socket.socket(fileno=os.dup(sock.fileno())) as copy:
+                refused += refuse_new_connections(copy)
+    return refused
+
+
 def close_listeners(server: Any) -> int:
     """Stop listening (a ``uvicorn.Server``'s sockets), serving the connections already waiting
     in the kernel's accept queue; return how many were taken. Call on the event loop."""
@@ -195,11 +236,11 @@ def close_listeners(server: Any) -> int:
 
     loop = asyncio.get_running_loop()
     waiting: list[socket.socket] = []
-    sole_owner = getattr(config, "workers", 1) <= 1  # else the Supervisor refuses (its docstring)
+    refuse = sole_owner(server)  # else the Supervisor refuses (its docstring)
     for listening in server.servers:
         # A duplicate keeps the socket listening while the loop stops watching it.
         copies = [socket.socket(fileno=os.dup(s.fileno())) for s in listening.sockets or ()]
-        if sole_owner:
+        if refuse:  # again, or at last when there was no drain delay (SIGINT, delay 0)
             for copy in copies:
                 refuse_new_connections(copy)
         listening.close()

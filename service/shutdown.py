@@ -7,7 +7,10 @@ connections, so :func:`install_drain_handler` puts one step before that:
 
 1. SIGTERM: readiness (``/readyz``, ``/v2/health/ready``) turns 503 and ``bayesgate_ready`` 0;
    the server keeps accepting and answering requests for ``BAYESGATE_DRAIN_DELAY_S`` (time for the
-   load balancer to notice and stop routing);
+   load balancer to notice and stop routing), except that new connections are refused for its
+   last :data:`~bayesgate.service.http_server.REFUSE_LEAD_S` (0.25 s) so that a handshake under
+   way when that begins completes before the last ``accept()``
+   (:func:`~bayesgate.service.http_server.refuse_new_connections`);
 2. then uvicorn's own handler runs: no new connections, in-flight requests finish (bounded by the
    drain timeout), the lifespan stops the inference worker (nothing is queued any more);
 3. the process exits 0.
@@ -32,7 +35,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from bayesgate.service.http_server import close_listeners
+from bayesgate.service.http_server import REFUSE_LEAD_S, close_listeners, refuse_listeners
 
 log = logging.getLogger("bayesgate.service")
 
@@ -78,6 +81,11 @@ def install_drain_handler(
         if taken:
             log.info("stopped listening; %d connection(s) waiting to be accepted taken", taken)
 
+    def refuse(stop: SignalHandler) -> None:
+        if not stopped and refuse_listeners(getattr(stop, "__self__", None)):
+            log.info("new connections refused from now on (the drain delay ends in %.3g s)",
+                     min(delay_s, REFUSE_LEAD_S))  # fmt: skip
+
     def delayed_stop(sig: int, stop: SignalHandler) -> None:
         stopping(stop)
         stop(sig, None)
@@ -91,6 +99,7 @@ def install_drain_handler(
                 "SIGTERM: readiness off; serving %.3g s more, then draining in-flight requests",
                 delay_s,
             )
+            loop.call_later(max(0.0, delay_s - REFUSE_LEAD_S), refuse, stop)
             loop.call_later(delay_s, delayed_stop, sig, stop)
         else:
             log.info("%s: readiness off; draining in-flight requests", signal.Signals(sig).name)

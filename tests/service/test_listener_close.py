@@ -7,7 +7,8 @@ connections through a ``--workers 2`` shutdown, CI 2026-11-27). These tests open
 purpose — a client connects right after the last ``accept()`` — and check that with
 ``refuse_new_connections`` the client is *refused* (its SYN dropped, then answered by the closed
 port), and that without it the same client is reset (so the window is real and the tests can
-fail). Linux only: the filter is a Linux socket option.
+fail); and that a handshake already under way when the filter goes on still completes and is
+served. Linux only: the filter is a Linux socket option.
 """
 
 from __future__ import annotations
@@ -96,6 +97,42 @@ def test_a_refusing_socket_queues_no_new_connection_and_refuses_it_once_closed()
     assert outcome(late) == "refused"  # its SYN retransmitted (~1 s) to a closed port
     early.close()
     taken[0].close()
+
+
+def test_a_handshake_under_way_when_the_filter_goes_on_completes_and_is_served() -> None:
+    """A client's handshake the kernel answered before the filter went on, its last ACK and its
+    request arriving after: the client counts the connection established, so dropping what it
+    sends would reset it (as a drop-everything filter did). ``TCP_DEFER_ACCEPT`` holds that
+    moment open on loopback: the kernel keeps the connection half-open, uncounted as queued,
+    until its first data arrives."""
+    listener = socket.socket()
+    listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, 5)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    port = listener.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port), timeout=5)  # established, client side
+    time.sleep(0.1)
+    assert accept_all(listener) == []  # not queued yet: the server side waits for data
+    assert refuse_new_connections(listener)
+    client.sendall(REQUEST)
+    late = connect_late(port)  # a new connection now: its SYN is dropped
+    deadline = time.monotonic() + 5
+    taken: list[socket.socket] = []
+    while not taken and time.monotonic() < deadline:
+        taken = accept_all(listener)
+        time.sleep(0.01)
+    assert len(taken) == 1, "the half-open connection was dropped"
+    conn = taken[0]
+    conn.settimeout(5)
+    assert conn.recv(len(REQUEST), socket.MSG_WAITALL) == REQUEST
+    conn.sendall(b"HTTP/1.1 204 No Content\r\n\r\n")
+    assert client.recv(100).startswith(b"HTTP/1.1 204")
+    time.sleep(0.3)
+    assert accept_all(listener) == []  # the late client never completed
+    listener.close()
+    assert outcome(late) == "refused"
+    conn.close()
+    client.close()
 
 
 def test_without_the_filter_a_client_queued_after_the_last_accept_is_reset() -> None:

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import os
 import signal
 import socket
@@ -194,6 +195,33 @@ def test_two_workers_refuse_rather_than_reset_after_they_stop_accepting(
     # (the last gap: http_server.refuse_new_connections; test_listener_close.py opens it).
     messages = [r["message"] for r in server.log_records()]
     assert any(m.startswith("new connections refused from now on") for m in messages), messages
+
+
+def test_a_single_worker_refuses_new_connections_just_before_its_drain_delay_ends(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """One worker owns its socket and attaches the filter itself, ``REFUSE_LEAD_S`` (0.25 s)
+    before its drain delay ends (not only right before its last ``accept()``: a handshake under
+    way then gets that long to complete), before uvicorn's shutdown begins."""
+    server = start_server(tiny_model_dir, tmp_path, drain_delay_s=1.0, drain_timeout_s=20)
+    try:
+        counts = connect_through_signal(server)
+    finally:
+        server.stop(signal.SIGKILL)
+    assert_answered_or_refused(server, counts)
+    records = server.log_records()
+    messages = [r["message"] for r in records]
+
+    def first(prefix: str) -> int:
+        return next(i for i, m in enumerate(messages) if m.startswith(prefix))
+
+    signalled, refusing = first("SIGTERM: readiness off"), first("new connections refused")
+    assert messages[refusing].endswith("(the drain delay ends in 0.25 s)")
+    assert signalled < refusing < first("Shutting down"), messages
+    waited = dt.datetime.fromisoformat(records[refusing]["ts"]) - dt.datetime.fromisoformat(
+        records[signalled]["ts"]
+    )
+    assert waited.total_seconds() >= 0.75 - 0.01, waited  # not before it was due (ms stamps)
 
 
 SLOW_WORKER_SITE = Path(__file__).parent / "slow_worker_site"
