@@ -10,7 +10,8 @@ parses the body first, with the service's limits and errors:
 - JSON (when the Content-Type says JSON, or is absent on a route that allows that) with
   :func:`parse_json`: invalid JSON or JSON nested too deeply is an
   :class:`~bayesgate.service.errors.InvalidInput` naming the problem;
-- a multipart form with at most :data:`MAX_FORM_FILES` file and :data:`MAX_FORM_FIELDS` fields.
+- a multipart form with at most :data:`MAX_FORM_FILES` file and :data:`MAX_FORM_FIELDS` fields,
+  its file kept in memory (:class:`InMemoryMultiPartParser`).
 
 FastAPI then validates the parsed body against the route's pydantic model (Starlette caches the
 parsed body on the request), and :func:`require_media_type` answers a wrong Content-Type before
@@ -27,13 +28,14 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable, Coroutine
+from contextlib import aclosing
 from typing import Any
 
 import orjson
 from fastapi import Request, Response
 from fastapi import params as fastapi_params
 from fastapi.routing import APIRoute
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.types import Message
 
 from bayesgate.service.errors import InvalidInput, UnsupportedMediaType
@@ -82,12 +84,29 @@ def is_json(content_type: str) -> bool:
     )
 
 
+class InMemoryMultiPartParser(MultiPartParser):
+    """Starlette's multipart parser, except that an uploaded file stays in memory whatever its
+    size. Starlette writes a file over 1 MiB to a temporary file (``spool_max_size``): disk
+    (``/tmp``: a 256 MiB ``emptyDir`` under ``deploy/kubernetes``) that concurrent uploads of up
+    to ``BAYESGATE_MAX_BODY_BYTES`` each could fill. The body is bounded by that limit while it
+    streams in (413), as a JSON body, which is held in memory too."""
+
+    spool_max_size = sys.maxsize
+
+
 async def read_form(request: Request) -> None:
-    """Parse the multipart form with the service's limits (cached on the request)."""
+    """Parse the multipart form with the service's limits (:class:`InMemoryMultiPartParser`;
+    cached on the request, where Starlette's ``Request.form()`` returns it to FastAPI)."""
+    if request._form is not None:
+        return
     try:
-        await request.form(max_files=MAX_FORM_FILES, max_fields=MAX_FORM_FIELDS)
-    except StarletteHTTPException as exc:  # Starlette's multipart parser: malformed or too big
-        raise InvalidInput(f"body: unreadable multipart form ({exc.detail})") from None
+        async with aclosing(request.stream()) as stream:
+            parser = InMemoryMultiPartParser(
+                request.headers, stream, max_files=MAX_FORM_FILES, max_fields=MAX_FORM_FIELDS
+            )
+            request._form = await parser.parse()
+    except MultiPartException as exc:  # malformed, or too many files, fields or field bytes
+        raise InvalidInput(f"body: unreadable multipart form ({exc.message})") from None
 
 
 class ReadBodyFirst(APIRoute):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import io
+import tempfile
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -170,6 +171,31 @@ async def test_bad_uploads_are_rejected(client: Any) -> None:
         "/v1/predict/file", files={"file": ("a.png", png())}, data={"colour": "red"}
     )
     assert_error(extra, 422, ["unknown field 'colour'"])
+
+
+async def test_an_upload_over_a_mebibyte_is_read_in_memory_not_spooled_to_disk(
+    serving: Callable[[Settings], Any],
+    make_settings: Callable[..., Settings],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Starlette writes an uploaded file over 1 MiB to a temporary file; under the Kubernetes
+    manifests /tmp is a small ``emptyDir`` that concurrent uploads could fill. The service keeps
+    it in memory (bounded by the body limit, as JSON is): no temporary file is made, and the
+    answer is the PNG's own error."""
+    made: list[Any] = []
+
+    def no_disk(*args: Any, **kwargs: Any) -> Any:
+        made.append(args)
+        raise OSError(28, "No space left on device")  # what a full /tmp would say
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", no_disk)
+    big = b"\x89PNG\r\n\x1a\n" + bytes(3 * 1024 * 1024)  # 3 MiB: not a real PNG
+    async with serving(make_settings(max_body_bytes=4 * 1024 * 1024)) as (_, client):
+        r = await client.post("/v1/predict/file", files={"file": ("a.png", big, "image/png")})
+        assert made == []
+        assert_error(r, 422, ["file"])
+        small = await client.post("/v1/predict/file", files={"file": ("a.png", png())})
+        assert small.status_code == 200, small.text
 
 
 async def test_oversized_bodies_are_413(client: Any) -> None:
