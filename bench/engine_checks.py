@@ -22,9 +22,10 @@ from pathlib import Path
 import torch
 
 from bayesgate.service.engine import checkpoints, mc_engine
+from bayesgate.service.jobs import Job
 from bayesgate.service.served_model import load_served_model
 from bayesgate.service.settings import DEFAULT_MODEL_DIR
-from bayesgate.service.worker import BatchWorker, Job
+from bayesgate.service.worker import BatchWorker
 
 
 def one_call(served, plain, x: torch.Tensor, k: int, check=None) -> tuple[float, list[float]]:

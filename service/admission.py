@@ -29,8 +29,9 @@ from collections.abc import Callable
 from fastapi import Request
 
 from bayesgate.service.deps import default_mc_samples
+from bayesgate.service.jobs import Reservation
 from bayesgate.service.request_body import ReadBodyFirst, first_piece
-from bayesgate.service.worker import BatchWorker, Reservation
+from bayesgate.service.worker import BatchWorker
 
 # A base64 28×28 8-bit PNG in a JSON list: ~1.15 kB for uniform noise, ~0.3–0.5 kB for a digit.
 BYTES_PER_IMAGE = 1024

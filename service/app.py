@@ -51,7 +51,8 @@ from bayesgate.service.schemas import exact_integer_bounds, predict_request_mode
 from bayesgate.service.served_model import ServedModel, load_served_model
 from bayesgate.service.settings import Settings
 from bayesgate.service.shutdown import install_drain_handler
-from bayesgate.service.worker import BatchWorker, WorkerStats
+from bayesgate.service.worker import BatchWorker
+from bayesgate.service.worker_stats import WorkerStats
 
 log = logging.getLogger("bayesgate.service")
 

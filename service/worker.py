@@ -1,7 +1,7 @@
 """The inference worker: one thread owns the model and serves a bounded queue in micro-batches.
 
 Requests never run the model on the event loop. :meth:`BatchWorker.predict` (a coroutine) puts a
-:class:`Job` on a bounded ``queue.Queue`` and awaits its ``concurrent.futures.Future`` through
+:class:`~bayesgate.service.jobs.Job` on a bounded ``queue.Queue`` and awaits its ``concurrent.futures.Future`` through
 ``asyncio.wrap_future`` (results are handed back to the loop with ``call_soon_threadsafe``).
 
 Dynamic batching (names as in Triton): the worker takes the first job, then keeps taking jobs
@@ -28,7 +28,7 @@ Admission is by work, not by requests: a job costs ``B × K`` image-passes, and 
 most ``max_queued_work`` of them (and at most ``queue_capacity`` jobs); a request that does not fit
 is refused at once (:class:`QueueFull`, 503 + ``Retry-After``). Work is *held* from the request's
 arrival: :meth:`BatchWorker.reserve` holds an estimate before the body is read (a
-:class:`Reservation`), :meth:`BatchWorker.resize` replaces it by the exact ``B × K`` once the body
+:class:`~bayesgate.service.jobs.Reservation`), :meth:`BatchWorker.resize` replaces it by the exact ``B × K`` once the body
 is parsed, and :meth:`BatchWorker.submit` turns it into queued work. A request is refused when
 ``held + its work > max_queued_work`` with ``held`` = queued + reserved work of the other requests
 (a request alone may exceed the limit: it runs when nothing else is held). A job's deadline is
@@ -58,15 +58,14 @@ and flagged instances go to Prometheus (:class:`bayesgate.service.metrics.Metric
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 import queue
 import threading
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -80,6 +79,7 @@ from bayesgate.service.errors import (
     NotReady,
     QueueFull,
 )
+from bayesgate.service.jobs import Computed, Job, Reservation, claim, settle
 from bayesgate.service.metrics import Metrics
 from bayesgate.service.prediction import (
     ColumnAnswer,
@@ -89,6 +89,7 @@ from bayesgate.service.prediction import (
 )
 from bayesgate.service.served_model import ServedModel
 from bayesgate.service.thread_names import NamedThread
+from bayesgate.service.worker_stats import WorkerStats
 
 log = logging.getLogger("bayesgate.service")
 
@@ -96,144 +97,6 @@ _POLL_S = 0.1  # how often an idle worker checks whether it should stop
 MIN_RATE_CALLS = 8  # engine calls timed before a job's compute time is predicted from them
 STOP_WAIT_S = 2.0  # how long a request past its deadline waits for the worker to stop its job
 STOPPED_LATE = "the request's deadline passed while it was computed (server busy); it was stopped"
-
-
-@dataclass(eq=False)
-class Job:
-    """One request: ``x`` is ``B×(input shape)`` on the CPU."""
-
-    x: torch.Tensor
-    k: int
-    seed: int | None
-    return_samples: bool
-    deadline: float  # time.monotonic() after which the answer is useless
-    enqueued: float = field(default_factory=time.monotonic)
-    dropped: str | None = None  # why the waiting request cancelled it (``client_gone``, …)
-    requests: int = 1  # HTTP requests it answers (a native front end's batch is several)
-    gathered: bool = False  # already a batch (the native front end's): run without waiting
-    columnar: bool = False  # answered with a ColumnAnswer (no per-image Prediction)
-    on_start: Callable[[], None] | None = None  # called (worker thread) as its batch is taken
-    future: concurrent.futures.Future[list[Prediction] | ColumnAnswer] = field(
-        default_factory=concurrent.futures.Future
-    )
-
-    @property
-    def size(self) -> int:
-        return int(self.x.shape[0])
-
-    @property
-    def work(self) -> int:
-        """The job's cost in image-passes: ``B × K``."""
-        return self.size * self.k
-
-
-@dataclass(eq=False)
-class Computed:
-    """An engine call's outputs waiting for their answers: the jobs (in row order), the model
-    that computed them, ``probs`` ``B×K×C`` and the detector's features, the call's seconds (wall
-    time) and the worker thread's CPU seconds in it."""
-
-    jobs: list[Job]
-    model: ServedModel
-    probs: torch.Tensor
-    features: dict[str, torch.Tensor] | None
-    size: int
-    engine_seconds: float
-    engine_cpu_seconds: float = 0.0
-
-
-@dataclass(eq=False)
-class Reservation:
-    """Image-passes held for one request between its arrival and its enqueueing (0 once queued
-    or released)."""
-
-    work: int
-
-
-def settle(
-    future: concurrent.futures.Future[Any], result: Any = None, exc: Exception | None = None
-):
-    """Set a future's result or exception unless it is already done (abandoned at shutdown)."""
-    try:
-        if exc is not None:
-            future.set_exception(exc)
-        else:
-            future.set_result(result)
-    except concurrent.futures.InvalidStateError:
-        pass
-
-
-def _claim(job: Job) -> bool:
-    """Mark the job running; False when its request cancelled it (or abandon() answered it)."""
-    try:
-        return job.future.set_running_or_notify_cancel()
-    except RuntimeError:  # finished meanwhile by abandon()
-        return False
-
-
-class WorkerStats:
-    """Counters written by the worker thread, read (as a snapshot) by the event loop."""
-
-    def __init__(self, window: int = 4096) -> None:
-        self._lock = threading.Lock()
-        self.requests_ok = 0
-        self.requests_failed = 0
-        self.requests_expired = 0
-        self.requests_rejected = 0
-        self.instances = 0
-        self.engine_calls = 0
-        self.queue_seconds = 0.0
-        self.compute_seconds = 0.0
-        self.compute_cpu_seconds = 0.0
-        self.batch_sizes: deque[int] = deque(maxlen=window)  # instances per engine call
-        self.requests_per_batch: deque[int] = deque(maxlen=window)  # requests per engine call
-
-    def record_call(
-        self, instances: int, requests: int, seconds: float, ok: bool, cpu_seconds: float = 0.0
-    ) -> None:
-        """One engine call: ``seconds`` of wall time, ``cpu_seconds`` of the worker thread's CPU
-        (``time.thread_time``)."""
-        with self._lock:
-            self.engine_calls += 1
-            self.compute_seconds += seconds
-            self.compute_cpu_seconds += cpu_seconds
-            self.batch_sizes.append(instances)
-            self.requests_per_batch.append(requests)
-            if ok:
-                self.requests_ok += requests
-                self.instances += instances
-            else:
-                self.requests_failed += requests
-
-    def record(self, **increments: float) -> None:
-        with self._lock:
-            for name, value in increments.items():
-                setattr(self, name, getattr(self, name) + value)
-
-    def snapshot(self) -> dict[str, Any]:
-        with self._lock:
-            sizes = list(self.batch_sizes)
-            per_batch = list(self.requests_per_batch)
-            done = self.requests_ok + self.requests_failed
-            return {
-                "requests_succeeded": self.requests_ok,
-                "requests_failed": self.requests_failed,
-                "requests_expired": self.requests_expired,
-                "requests_rejected": self.requests_rejected,
-                "instances": self.instances,
-                "engine_calls": self.engine_calls,
-                "batch_size_mean": sum(sizes) / len(sizes) if sizes else 0.0,
-                "batch_size_max": max(sizes, default=0),
-                "batch_size_histogram": {str(k): v for k, v in sorted(Counter(sizes).items())},
-                "requests_per_batch_mean": sum(per_batch) / len(per_batch) if per_batch else 0.0,
-                "queue_seconds_mean": self.queue_seconds / done if done else 0.0,
-                "compute_seconds_total": self.compute_seconds,
-                # the worker thread's CPU in engine calls: the model's own CPU in this server
-                # when torch runs on that one thread (BAYESGATE_NUM_THREADS=1; with more, the
-                # intra-op threads' share is not in it)
-                "compute_cpu_seconds_total": self.compute_cpu_seconds,
-                "recent_batch_sizes": sizes[-64:],
-            }
 
 
 class BatchWorker:
@@ -632,7 +495,7 @@ class BatchWorker:
         for job in batch:
             if job.future.done() and not job.future.cancelled():
                 continue  # answered by abandon() while the batch was gathered
-            if not _claim(job) or now + self.fastest_seconds(job.work) > job.deadline:
+            if not claim(job) or now + self.fastest_seconds(job.work) > job.deadline:
                 # cancelled by the waiting request (client gone or timed out), or it cannot be
                 # answered before its deadline even at the fastest rate seen lately
                 self.drop(job.dropped or "deadline", job.requests)
