@@ -1,8 +1,9 @@
 """The inference worker: one thread owns the model and serves a bounded queue in micro-batches.
 
 Requests never run the model on the event loop. :meth:`BatchWorker.predict` (a coroutine) puts a
-:class:`~bayesgate.service.jobs.Job` on a bounded ``queue.Queue`` and awaits its ``concurrent.futures.Future`` through
-``asyncio.wrap_future`` (results are handed back to the loop with ``call_soon_threadsafe``).
+:class:`~bayesgate.service.jobs.Job` on a bounded ``queue.Queue`` and awaits its
+``concurrent.futures.Future`` through ``asyncio.wrap_future`` (results are handed back to the
+loop with ``call_soon_threadsafe``).
 
 Dynamic batching (names as in Triton): the worker takes the first job, then keeps taking jobs
 until the batch holds ``max_batch_size`` instances or ``max_queue_delay`` has passed since the
@@ -28,23 +29,23 @@ Admission is by work, not by requests: a job costs ``B × K`` image-passes, and 
 most ``max_queued_work`` of them (and at most ``queue_capacity`` jobs); a request that does not fit
 is refused at once (:class:`QueueFull`, 503 + ``Retry-After``). Work is *held* from the request's
 arrival: :meth:`BatchWorker.reserve` holds an estimate before the body is read (a
-:class:`~bayesgate.service.jobs.Reservation`), :meth:`BatchWorker.resize` replaces it by the exact ``B × K`` once the body
-is parsed, and :meth:`BatchWorker.submit` turns it into queued work. A request is refused when
-``held + its work > max_queued_work`` with ``held`` = queued + reserved work of the other requests
-(a request alone may exceed the limit: it runs when nothing else is held). A job's deadline is
-fixed by the caller from the moment its request *arrived* (not when it was enqueued). A job whose
-deadline has passed — or would pass before it finished even at the fastest per-pass rate of the
-last 64 engine calls, once there are 8 (:meth:`BatchWorker.fastest_seconds`) —, or whose client
-hung up (the route cancels it), before its batch runs is dropped — never computed — and counted
-in ``bayesgate_jobs_dropped_total{reason}`` (``deadline``, ``client_gone``). A job already
-computing is checked before every layer of its engine call
-(:func:`~bayesgate.service.engine.checkpoints`): once its client is gone or its deadline passed,
-the call stops there, the job is answered (504, or 499 for a client gone) and counted with
+:class:`~bayesgate.service.jobs.Reservation`), :meth:`BatchWorker.resize` replaces it by the exact
+``B × K`` once the body is parsed, and :meth:`BatchWorker.submit` turns it into queued work. A
+request is refused when ``held + its work > max_queued_work`` with ``held`` = queued + reserved work
+of the other requests (a request alone may exceed the limit: it runs when nothing else is held). A
+job's deadline is fixed by the caller from the moment its request *arrived* (not when it was
+enqueued). A job whose deadline has passed — or would pass before it finished even at the fastest
+per-pass rate of the last 64 engine calls, once there are 8 (:meth:`BatchWorker.fastest_seconds`) —,
+or whose client hung up (the route cancels it), before its batch runs is dropped — never computed —
+and counted in ``bayesgate_jobs_dropped_total{reason}`` (``deadline``, ``client_gone``). A job
+already computing is checked before every layer of its engine call
+(:func:`~bayesgate.service.engine.checkpoints`): once its client is gone or its deadline passed, the
+call stops there, the job is answered (504, or 499 for a client gone) and counted with
 ``stage="computing"``, and the other jobs of the call run again without it. The request waits for
 that (one layer, :meth:`BatchWorker._stopped`), so no client is answered while its job is still
 computed, and no job finishes for a client already answered. At the drain deadline
-:meth:`BatchWorker.abandon` answers every queued and running job with :class:`NotReady` (503) so
-no client is left to uvicorn's cancellation.
+:meth:`BatchWorker.abandon` answers every queued and running job with :class:`NotReady` (503) so no
+client is left to uvicorn's cancellation.
 
 The worker is the one owner of the served model
 (:class:`~bayesgate.service.served_model.ServedModel`): the routes read ``worker.model`` and an
