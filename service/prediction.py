@@ -131,6 +131,16 @@ class AnswerColumns:
             self.epistemic_variance[start:stop],
         )
 
+    def take(self, index: torch.Tensor) -> AnswerColumns:
+        """The rows ``index`` (int64), in its order (copies)."""
+        return AnswerColumns(
+            self.mean.index_select(0, index),
+            self.labels.index_select(0, index),
+            {name: score.index_select(0, index) for name, score in self.scores.items()},
+            self.aleatoric_variance.index_select(0, index),
+            self.epistemic_variance.index_select(0, index),
+        )
+
     def flagged(self, score: str, threshold: float) -> torch.Tensor:
         """``score > threshold`` per row, compared as :class:`Prediction` does (the float32
         score as float64)."""

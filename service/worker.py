@@ -83,6 +83,7 @@ from bayesgate.service.errors import (
 from bayesgate.service.jobs import Computed, Job, Reservation, claim, settle
 from bayesgate.service.metrics import Metrics
 from bayesgate.service.prediction import (
+    AnswerColumns,
     ColumnAnswer,
     Prediction,
     answer_columns,
@@ -98,6 +99,20 @@ _POLL_S = 0.1  # how often an idle worker checks whether it should stop
 MIN_RATE_CALLS = 8  # engine calls timed before a job's compute time is predicted from them
 STOP_WAIT_S = 2.0  # how long a request past its deadline waits for the worker to stop its job
 STOPPED_LATE = "the request's deadline passed while it was computed (server busy); it was stopped"
+
+
+def per_image_rows(jobs: list[Job], columns: AnswerColumns, model: ServedModel) -> list[Prediction]:
+    """The :class:`~bayesgate.service.prediction.Prediction` of each row of the jobs answered per
+    image, in order; none for a ``columnar`` job's rows (a native front end's batch sharing the
+    engine call), which are answered from the columns."""
+    if not any(job.columnar for job in jobs):
+        return rows_of(columns, model)
+    wanted, offset = [], 0
+    for job in jobs:
+        if not job.columnar:
+            wanted.append(torch.arange(offset, offset + job.size))
+        offset += job.size
+    return rows_of(columns.take(torch.cat(wanted)), model) if wanted else []
 
 
 class BatchWorker:
@@ -631,7 +646,7 @@ class BatchWorker:
         decision = model.decision
         try:
             columns = answer_columns(probs, model, computed.features)
-            answers = rows_of(columns, model) if not all(j.columnar for j in jobs) else []
+            answers = per_image_rows(jobs, columns, model)
             flagged = int(columns.flagged(decision.score, decision.threshold).sum())
         except Exception as exc:
             self._fail(jobs, exc, size, computed.engine_seconds)
@@ -648,7 +663,7 @@ class BatchWorker:
             self.metrics.observe_engine_call(size, computed.engine_seconds)
             self.metrics.count_requests("succeeded", requests)
             self.metrics.count_instances(size, flagged)
-        offset = 0
+        offset = taken = 0  # rows of the call; rows of ``answers``
         for job in jobs:
             end = offset + job.size
             if job.columnar:
@@ -657,7 +672,8 @@ class BatchWorker:
                 settle(job.future, answer)
                 offset = end
                 continue
-            rows = answers[offset:end]
+            rows = answers[taken : taken + job.size]
+            taken += job.size
             if job.return_samples:
                 samples = probs[offset:end].float().cpu().tolist()
                 rows = [replace(p, samples=s) for p, s in zip(rows, samples, strict=True)]

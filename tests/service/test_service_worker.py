@@ -427,3 +427,50 @@ def test_a_gathered_job_runs_without_the_gather_wait_and_counts_its_requests(
         assert worker.stats.snapshot()["requests_succeeded"] == 4
     finally:
         worker.stop()
+
+
+async def test_a_mixed_call_builds_predictions_only_for_the_jobs_answered_per_image(
+    tiny_model_dir: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A native front end's batch (``columnar``) sharing an engine call with per-image jobs gets
+    its columns; the :class:`Prediction` s are built for the other jobs' rows only, and each
+    equals the one built from all the call's rows."""
+    import bayesgate.service.worker as worker_module
+    from bayesgate.service.jobs import Job
+    from bayesgate.service.prediction import ColumnAnswer
+
+    seen: dict[str, Any] = {"built": []}
+    real_columns, real_rows = worker_module.answer_columns, worker_module.rows_of
+
+    def columns_spy(probs: torch.Tensor, model: Any, features: Any = None) -> Any:
+        seen["columns"] = real_columns(probs, model, features)
+        return seen["columns"]
+
+    def rows_spy(columns: Any, model: Any) -> Any:
+        seen["built"].append(int(columns.labels.shape[0]))
+        return real_rows(columns, model)
+
+    monkeypatch.setattr(worker_module, "answer_columns", columns_spy)
+    monkeypatch.setattr(worker_module, "rows_of", rows_spy)
+    worker = BatchWorker(load_served_model(tiny_model_dir, "cpu"), max_queue_delay_s=0.0)
+    worker.start()
+    x = torch.rand(7, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+    spans = [(0, 3, True), (3, 5, False), (5, 6, True), (6, 7, False)]  # (start, stop, columnar)
+    jobs = [
+        Job(x=x[a:b], k=4, seed=3, return_samples=False, deadline=time.monotonic() + 60,
+            columnar=columnar)
+        for a, b, columnar in spans
+    ]  # fmt: skip
+    try:
+        worker._run_group(jobs)
+        answers = [job.future.result(timeout=30) for job in jobs]
+    finally:
+        worker.stop()
+    assert seen["built"] == [3]  # the two per-image jobs' rows, not the 7 of the call
+    everything = real_rows(seen["columns"], worker.model)
+    for (a, b, columnar), answer in zip(spans, answers, strict=True):
+        if columnar:
+            assert isinstance(answer, ColumnAnswer)
+            assert torch.equal(answer.columns.labels, seen["columns"].labels[a:b])
+        else:
+            assert answer == everything[a:b]
