@@ -19,3 +19,20 @@ def load_bench(name: str) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def run_bayesgate(argv: list[str]) -> None:
+    """A ``bayesgate …`` command line (``argv[0]`` the executable, as the bench scripts build it)
+    run in this process: the console script's own ``main`` with the same arguments, without a
+    new interpreter's ~6 s of imports (torch, and torch._dynamo for the optimiser). torch's
+    thread count (``--threads``) is restored afterwards; fails on a non-zero exit code."""
+    import torch
+
+    from bayesgate.cli import main
+
+    threads = torch.get_num_threads()
+    try:
+        code = main(argv[1:])
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0, f"{' '.join(argv)} exited with {code}"

@@ -5,13 +5,11 @@ from __future__ import annotations
 import csv
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
-from tests.bench_scripts import load_bench
+from bench_scripts import load_bench, run_bayesgate
 
 
 def _result(group: str, seed: int, accuracy: float, ll: float, converged: bool = True) -> dict:
@@ -74,9 +72,9 @@ def test_evaluate_and_plot_from_finished_and_running_runs(
     ]  # fmt: skip
     monkeypatch.setattr(long_runs, "RUNS", {run.name: run for run in runs})
     bayesgate = str(Path(sys.executable).with_name("bayesgate"))
-    subprocess.run(runs[0].argv(bayesgate), check=True, capture_output=True)  # all 4 epochs
+    run_bayesgate(runs[0].argv(bayesgate))  # all 4 epochs
     partial = long_runs.export_argv(runs[1], bayesgate, runs[1].checkpoint, runs[1].out, 2)
-    subprocess.run(partial, check=True, capture_output=True)  # 2 of 4: still "running"
+    run_bayesgate(partial)  # 2 of 4: still "running"
     assert long_runs.finished(runs[0]) and not long_runs.finished(runs[1])
 
     out = tmp_path / "figure4"

@@ -13,6 +13,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from bench_scripts import run_bayesgate
 
 from bayesgate.cli import build_parser
 
@@ -179,7 +180,7 @@ def _tiny_keep_best_run(
     monkeypatch.setitem(long_runs.RUNS, run.name, run)
     bayesgate = str(Path(sys.executable).with_name("bayesgate"))
     argv = long_runs.export_argv(run, bayesgate, run.checkpoint, run.out, epochs_done)
-    subprocess.run(argv, check=True, capture_output=True)
+    run_bayesgate(argv)
     return long_runs, run, bayesgate
 
 
@@ -207,7 +208,7 @@ def test_export_writes_the_best_epoch_without_touching_the_running_checkpoint(
     fresh = private_user_cache / "fresh"
     argv = long_runs.export_argv(run, bayesgate, private_user_cache / "fresh-ckpt", fresh, best)
     argv.remove("--keep-best")
-    subprocess.run(argv, check=True, capture_output=True)
+    run_bayesgate(argv)
     exported, reference = (
         load_file(out / "model.safetensors"),
         load_file(fresh / "model.safetensors"),
@@ -245,7 +246,7 @@ def test_export_last_writes_the_last_epoch_with_its_own_metrics(
     fresh = private_user_cache / "fresh-last"
     argv = long_runs.export_argv(run, bayesgate, private_user_cache / "fresh-last-ckpt", fresh, 4)
     argv.remove("--keep-best")
-    subprocess.run(argv, check=True, capture_output=True)
+    run_bayesgate(argv)
     exported = load_file(out / "model.safetensors")
     reference = load_file(fresh / "model.safetensors")
     assert exported.keys() == reference.keys()
