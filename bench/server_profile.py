@@ -37,7 +37,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (  # (layer, substrings of "fi
     ("detector", ("models/detection",)),
     ("uncertainty summary", ("service/prediction.py", "models/mc/uncertainty")),
     ("model (torch, mc engine)", ("torch/", "models/mc/", "models/networks")),
-    ("batching worker", ("service/worker.py",)),
+    ("batching worker", ("service/worker.py", "service/jobs.py", "service/worker_stats.py")),
     ("native bridge", ("service/native_bridge.py", "service/native.py")),
     ("prometheus", ("prometheus_client",)),
     ("logging", ("logging/", "service/logs.py")),

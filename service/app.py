@@ -177,7 +177,15 @@ def go_ready(
         log.warning("drain timeout: %d queued or running request(s) answered 503", answered)
 
     loop = asyncio.get_running_loop()
-    uninstall = install_drain_handler(loop, settings.drain_delay_s, on_drain, on_stop)
+    uninstall = install_drain_handler(
+        loop,
+        settings.drain_delay_s,
+        on_drain,
+        on_stop,
+        # the native front end relays some requests to this port over new connections until it
+        # stops accepting with uvicorn: refusing them earlier would answer those 502
+        refuse_early=lambda: getattr(state, "native", None) is None,
+    )
     watcher = asyncio.create_task(control.watch()) if control.shared else None
     served = worker.model
     log.info(

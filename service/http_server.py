@@ -134,8 +134,9 @@ def refuse_new_connections(listener: socket.socket) -> bool:
     request: its last ACK and data pass, and it joins the queue to be accepted and served.
     (A filter that dropped every segment reset that client when the socket closed, one
     round trip's window at the moment the filter went on.) Connections already queued or
-    accepted are not touched; one completed later is cloned with the filter, which drops nothing
-    an established connection receives.
+    accepted are not touched; one completed later is cloned with the filter, which then drops
+    only a stray bare SYN on it (and so the challenge ACK the kernel would send back: nothing a
+    working client needs).
 
     Shared by every process holding a copy of the socket. Returns False (nothing attached) off
     Linux or when the kernel refuses the filter."""

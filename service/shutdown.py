@@ -55,13 +55,17 @@ def install_drain_handler(
     delay_s: float,
     on_drain: Callable[[], None],
     on_stop: Callable[[], None] | None = None,
+    refuse_early: Callable[[], bool] = lambda: True,
 ) -> Callable[[], None] | None:
     """Wrap uvicorn's SIGTERM/SIGINT handler (see the module docstring); return an uninstaller.
 
     ``on_drain`` runs once, on the first signal (it turns readiness off); ``on_stop`` runs once, on
     the loop, when uvicorn's own handler is called (its drain timeout starts then), and the
     listening sockets are closed then, their accept queue served
-    (:func:`~bayesgate.service.http_server.close_listeners`). Returns None
+    (:func:`~bayesgate.service.http_server.close_listeners`). New connections are refused
+    :data:`~bayesgate.service.http_server.REFUSE_LEAD_S` before that when ``refuse_early()``
+    says so then (not while a native front end relays requests to this port over new
+    connections: those would be refused). Returns None
     (and does nothing) when no uvicorn server handles the signals in this thread.
     """
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -82,7 +86,9 @@ def install_drain_handler(
             log.info("stopped listening; %d connection(s) waiting to be accepted taken", taken)
 
     def refuse(stop: SignalHandler) -> None:
-        if not stopped and refuse_listeners(getattr(stop, "__self__", None)):
+        if stopped or not refuse_early():
+            return
+        if refuse_listeners(getattr(stop, "__self__", None)):
             log.info("new connections refused from now on (the drain delay ends in %.3g s)",
                      min(delay_s, REFUSE_LEAD_S))  # fmt: skip
 

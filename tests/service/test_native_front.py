@@ -515,3 +515,54 @@ def test_an_admin_reload_reaches_the_native_port(tmp_path: Path, tiny_model_dir:
         assert infer(fast, "tiny-mlp", x, 1, None)[0] == 404  # relayed: the service's 404
     finally:
         assert server.stop(signal.SIGTERM) == 0
+
+
+@needs_cargo
+def test_requests_relayed_through_the_drain_delay_are_answered_not_502(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The native front end relays what it does not take (``/healthz`` here) to the main port
+    over a new connection, and accepts until uvicorn stops. So the main port must not refuse new
+    connections early (``REFUSE_LEAD_S`` before its drain delay ends, as it does without a native
+    port): the relays of the last 0.25 s were each answered 502 after ~1 s."""
+    native_port = free_port()
+    server = start_server(
+        tiny_model_dir, tmp_path, native_port=native_port, drain_delay_s=1.0, drain_timeout_s=10
+    )
+    outcomes: list[str] = []
+    stop = threading.Event()
+
+    def client() -> None:
+        while not stop.is_set():
+            try:
+                conn = socket.create_connection(("127.0.0.1", native_port), timeout=10)
+            except OSError:
+                outcomes.append("refused")
+                time.sleep(0.01)
+                continue
+            with conn:
+                try:
+                    conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    answer = b""
+                    while chunk := conn.recv(4096):
+                        answer += chunk
+                    outcomes.append(answer.split(b" ", 2)[1].decode() if answer else "closed")
+                except OSError:
+                    outcomes.append("reset")
+
+    threads = [threading.Thread(target=client) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(0.5)
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=60) == 0
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=30)
+        server.stop(signal.SIGKILL)
+    counts = {o: outcomes.count(o) for o in set(outcomes)}
+    assert set(counts) <= {"200", "refused"} and counts.get("200", 0) > 0, counts
+    messages = [r["message"] for r in server.log_records()]
+    assert not any(m.startswith("new connections refused") for m in messages), messages
