@@ -17,24 +17,16 @@ either (the window is too narrow to hit on loopback; the test with ``TCP_DEFER_A
 from __future__ import annotations
 
 import argparse
-import ctypes
 import select
 import socket
-import struct
 import sys
 import threading
 import time
 from collections import Counter
 
-from bayesgate.service.http_server import REFUSE_SYN_FILTER, SO_ATTACH_FILTER
+from bayesgate.service.http_server import REFUSE_SYN_FILTER, attach_filter
 
 FILTERS = {"syn-only": REFUSE_SYN_FILTER, "drop-all": ((0x06, 0, 0, 0),)}
-
-
-def attach(sock: socket.socket, program: tuple[tuple[int, int, int, int], ...]) -> None:
-    code = ctypes.create_string_buffer(b"".join(struct.pack("HBBI", *op) for op in program))
-    fprog = struct.pack("HP", len(program), ctypes.addressof(code))
-    sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
 
 
 def client(port: int, stop: threading.Event, counts: Counter[str], lock: threading.Lock) -> None:
@@ -91,7 +83,7 @@ def run(program: tuple[tuple[int, int, int, int], ...], cycles: int, clients: in
         for thread in threads:
             thread.start()
         serve(listener, 0.03)
-        attach(listener, program)
+        attach_filter(listener, program)
         serve(listener, 0.02)
         listener.close()
         stop.set()

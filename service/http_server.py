@@ -124,6 +124,14 @@ class DrainingH11Protocol(LingeringClose, NamedBadRequests, DrainOnShutdown, H11
             self.cycle.keep_alive = False  # the last request on this connection
 
 
+def attach_filter(sock: socket.socket, program: tuple[tuple[int, int, int, int], ...]) -> None:
+    """Attach a classic BPF ``program`` (``(code, jt, jf, k)`` per instruction, as struct
+    sock_filter) to ``sock`` (``SO_ATTACH_FILTER``, Linux); ``OSError`` when refused."""
+    code = ctypes.create_string_buffer(b"".join(struct.pack("HBBI", *op) for op in program))
+    fprog = struct.pack("HP", len(program), ctypes.addressof(code))  # struct sock_fprog
+    sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
+
+
 def refuse_new_connections(listener: socket.socket) -> bool:
     """Stop ``listener``'s accept queue from growing: attach a classic BPF socket filter
     (:data:`REFUSE_SYN_FILTER`) that drops every SYN opening a new connection and lets every
@@ -142,12 +150,8 @@ def refuse_new_connections(listener: socket.socket) -> bool:
     Linux or when the kernel refuses the filter."""
     if sys.platform != "linux":
         return False
-    program = ctypes.create_string_buffer(
-        b"".join(struct.pack("HBBI", *op) for op in REFUSE_SYN_FILTER)
-    )
-    fprog = struct.pack("HP", len(REFUSE_SYN_FILTER), ctypes.addressof(program))  # sock_fprog
     try:
-        listener.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
+        attach_filter(listener, REFUSE_SYN_FILTER)
     except OSError as exc:
         # uvicorn's logger: configured in the supervisor process as well as in the workers
         logging.getLogger("uvicorn.error").warning(
