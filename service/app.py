@@ -35,6 +35,7 @@ from bayesgate.service.errors import (
     install_error_handlers,
 )
 from bayesgate.service.event_loop import loop_label
+from bayesgate.service.http_server import REFUSE_LEAD_S
 from bayesgate.service.inference_protocol import infer_request_model
 from bayesgate.service.logs import configure_logging
 from bayesgate.service.metrics import Metrics
@@ -169,6 +170,16 @@ def go_ready(
             native.drain()
         loop.call_later(drain_answer_after(settings.drain_timeout_s), abandon_at_drain_deadline)
 
+    def native_refuse() -> None:
+        native = getattr(state, "native", None)
+        if native is not None:
+            native.refuse_new()
+
+    def native_drain() -> None:
+        native = getattr(state, "native", None)
+        if native is not None:
+            native.drain()
+
     def abandon_at_drain_deadline() -> None:
         answered = worker.abandon(
             f"server shutting down: the drain timeout ({settings.drain_timeout_s:g} s, "
@@ -185,6 +196,9 @@ def go_ready(
         # the native front end relays some requests to this port over new connections until it
         # stops accepting with uvicorn: refusing them earlier would answer those 502
         refuse_early=lambda: getattr(state, "native", None) is None,
+        # the native port closes first, serving its accept queue while this port still takes
+        # the relays of those requests (see bayesgate.service.native_bridge)
+        before_end=((2 * REFUSE_LEAD_S, native_refuse), (REFUSE_LEAD_S, native_drain)),
     )
     watcher = asyncio.create_task(control.watch()) if control.shared else None
     served = worker.model

@@ -1,4 +1,4 @@
-"""The ``ctypes`` binding of the native front end's library (ABI version 2; the C signatures and
+"""The ``ctypes`` binding of the native front end's library (ABI version 3; the C signatures and
 their semantics are in ``service/native_front/README.md``).
 
 One :class:`NativeFront` is one running front end: a listener and its connection threads in
@@ -20,7 +20,7 @@ import numpy as np
 
 log = logging.getLogger("bayesgate.native")
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 STATS = (
     "fast_requests",
     "fast_images",
@@ -71,7 +71,8 @@ def _bind(lib: ctypes.CDLL) -> None:
         "bgf_configure": (ctypes.c_int, [vp, text, size, err, size]),
         "bgf_stats": (size, [vp, p(u64), size]),
         "bgf_latency_buckets": (size, [vp, p(u64), size]),
-        "bgf_drain": (None, [vp]),
+        "bgf_refuse_new": (ctypes.c_int, [vp]),
+        "bgf_drain": (size, [vp]),
         "bgf_pending": (size, [vp]),
         "bgf_stop": (None, [vp]),
         "bgf_free": (None, [vp]),
@@ -82,7 +83,7 @@ def _bind(lib: ctypes.CDLL) -> None:
 
 
 def load_library(path: Path) -> ctypes.CDLL:
-    """Load and bind the library; :class:`OSError` when it is not one of ABI version 2."""
+    """Load and bind the library; :class:`OSError` when it is not one of this ABI version."""
     lib = ctypes.CDLL(str(path))
     try:
         _bind(lib)
@@ -168,13 +169,22 @@ class NativeFront:
             raise ValueError(f"the front end has {got} latency buckets, expected {n}")
         return list(out)
 
-    def drain(self) -> None:
-        """Stop accepting connections; requests on their way are still answered (``connection:
-        close``), idle keep-alive connections are closed."""
-        self.lib.bgf_drain(self.handle)
+    def refuse_new(self) -> bool:
+        """Refuse new connections from now on (a socket filter drops their SYN, Linux) while the
+        handshakes under way and the accept queue are still accepted; False when the filter
+        could not be attached (or the listener is closed)."""
+        return bool(self.lib.bgf_refuse_new(self.handle))
+
+    def drain(self) -> int:
+        """Stop accepting connections — refuse new ones, serve those in the accept queue, close
+        the listener; requests on their way are still answered (``connection: close``), idle
+        keep-alive connections are closed. Returns how many connections were taken from the
+        accept queue (on the first call)."""
+        return int(self.lib.bgf_drain(self.handle))
 
     def pending(self) -> int:
-        """Requests accepted and not yet answered (queued, computing, or being relayed)."""
+        """Requests accepted and not yet answered (queued, computing, or being relayed), and
+        while draining, connections not yet past their first request."""
         return int(self.lib.bgf_pending(self.handle))
 
     def stop(self) -> None:

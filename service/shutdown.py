@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
@@ -56,6 +56,7 @@ def install_drain_handler(
     on_drain: Callable[[], None],
     on_stop: Callable[[], None] | None = None,
     refuse_early: Callable[[], bool] = lambda: True,
+    before_end: Sequence[tuple[float, Callable[[], None]]] = (),
 ) -> Callable[[], None] | None:
     """Wrap uvicorn's SIGTERM/SIGINT handler (see the module docstring); return an uninstaller.
 
@@ -65,7 +66,9 @@ def install_drain_handler(
     (:func:`~bayesgate.service.http_server.close_listeners`). New connections are refused
     :data:`~bayesgate.service.http_server.REFUSE_LEAD_S` before that when ``refuse_early()``
     says so then (not while a native front end relays requests to this port over new
-    connections: those would be refused). Returns None
+    connections: those would be refused). Each ``(lead_s, callback)`` of ``before_end`` runs on
+    the loop ``lead_s`` before the drain delay ends (at once when the delay is shorter), unless
+    uvicorn's handler ran first (SIGINT, a second SIGTERM, no delay). Returns None
     (and does nothing) when no uvicorn server handles the signals in this thread.
     """
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -92,6 +95,10 @@ def install_drain_handler(
             log.info("new connections refused from now on (the drain delay ends in %.3g s)",
                      min(delay_s, REFUSE_LEAD_S))  # fmt: skip
 
+    def ahead(callback: Callable[[], None]) -> None:
+        if not stopped:
+            callback()
+
     def delayed_stop(sig: int, stop: SignalHandler) -> None:
         stopping(stop)
         stop(sig, None)
@@ -105,6 +112,8 @@ def install_drain_handler(
                 "SIGTERM: readiness off; serving %.3g s more, then draining in-flight requests",
                 delay_s,
             )
+            for lead_s, callback in before_end:
+                loop.call_later(max(0.0, delay_s - lead_s), ahead, callback)
             loop.call_later(max(0.0, delay_s - REFUSE_LEAD_S), refuse, stop)
             loop.call_later(delay_s, delayed_stop, sig, stop)
         else:

@@ -12,6 +12,7 @@ import asyncio
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -98,16 +99,24 @@ def test_sigterm_mid_burst_loses_no_accepted_request(tiny_model_dir: Path, tmp_p
 
 def test_drain_handler_delays_sigterm_but_not_sigint() -> None:
     """The wrapper around uvicorn's handler, in-process: SIGTERM reaches uvicorn only after the
-    delay (readiness off at once); SIGINT and a second SIGTERM reach it at once."""
+    delay (readiness off at once), and the ``before_end`` callbacks run their lead before it;
+    SIGINT and a second SIGTERM reach it at once, and skip them."""
 
     async def scenario(sig: int, delay: float) -> list[tuple[str, float]]:
         server = uvicorn.Server(uvicorn.Config(app=None))
         events: list[tuple[str, float]] = []
         start = time.monotonic()
+
+        def lead(name: str) -> Callable[[], None]:
+            return lambda: events.append((name, time.monotonic() - start))
+
         saved = {s: signal.signal(s, server.handle_exit) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
             uninstall = install_drain_handler(
-                asyncio.get_running_loop(), delay, lambda: events.append(("drain", 0.0))
+                asyncio.get_running_loop(),
+                delay,
+                lambda: events.append(("drain", 0.0)),
+                before_end=((0.25, lead("lead 0.25")), (0.5, lead("lead 0.5"))),
             )
             assert uninstall is not None
             os.kill(os.getpid(), sig)
@@ -123,8 +132,12 @@ def test_drain_handler_delays_sigterm_but_not_sigint() -> None:
                 signal.signal(s, handler)
         return events
 
-    term = asyncio.run(scenario(signal.SIGTERM, 0.5))
-    assert [e[0] for e in term] == ["drain", "serving", "exit"] and term[-1][1] >= 0.5
+    term = asyncio.run(scenario(signal.SIGTERM, 0.8))
+    assert [e[0] for e in term] == ["drain", "serving", "lead 0.5", "lead 0.25", "exit"], term
+    times = dict(term)
+    assert times["lead 0.5"] >= 0.3 and times["lead 0.25"] >= 0.55 and times["exit"] >= 0.8, term
+    short = asyncio.run(scenario(signal.SIGTERM, 0.4))  # a lead longer than the delay: at once
+    assert [e[0] for e in short] == ["drain", "lead 0.5", "serving", "lead 0.25", "exit"], short
     interrupt = asyncio.run(scenario(signal.SIGINT, 30))
     assert [e[0] for e in interrupt] == ["drain", "exit", "exit"] and interrupt[-1][1] < 5
 

@@ -39,10 +39,10 @@ unsafe fn server<'a>(h: *mut c_void) -> Option<&'a Server> {
     h.cast::<Server>().as_ref()
 }
 
-/// The ABI version of this library (2).
-pub const ABI_VERSION: u32 = 2;
+/// The ABI version of this library (3).
+pub const ABI_VERSION: u32 = 3;
 
-/// The ABI version: 2.
+/// The ABI version: 3.
 #[no_mangle]
 pub extern "C" fn bgf_abi_version() -> u32 {
     ABI_VERSION
@@ -232,26 +232,41 @@ pub unsafe extern "C" fn bgf_configure(
     }
 }
 
-/// Drain: close the listener, close idle connections, answer the rest with
-/// `connection: close`; queued jobs and `bgf_next_batch` keep working. Idempotent.
+/// Refuse new connections from now on (a socket filter on the listener, Linux) while still
+/// accepting those whose handshake is under way or queued: call it a moment before
+/// [`bgf_drain`]. 1 when the filter is on, 0 when it could not be attached (not Linux, or the
+/// listener is closed) or `h` is NULL. Idempotent.
 ///
 /// # Safety
 /// `h` is NULL or a live handle.
 #[no_mangle]
-pub unsafe extern "C" fn bgf_drain(h: *mut c_void) {
-    if let Some(s) = server(h) {
-        let _ = catch_unwind(AssertUnwindSafe(|| s.drain()));
-    }
+pub unsafe extern "C" fn bgf_refuse_new(h: *mut c_void) -> c_int {
+    let Some(s) = server(h) else { return 0 };
+    catch_unwind(AssertUnwindSafe(|| c_int::from(s.refuse_new()))).unwrap_or(0)
 }
 
-/// Fast-path requests not yet answered plus relayed requests in progress (0 for NULL).
+/// Drain: refuse new connections, serve the accept queue and close the listener, close idle
+/// connections, answer the rest with `connection: close`; queued jobs and `bgf_next_batch`
+/// keep working. Idempotent. Returns how many connections were taken from the accept queue
+/// (0 on later calls, and for NULL).
+///
+/// # Safety
+/// `h` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn bgf_drain(h: *mut c_void) -> usize {
+    let Some(s) = server(h) else { return 0 };
+    catch_unwind(AssertUnwindSafe(|| s.drain())).unwrap_or(0)
+}
+
+/// Fast-path requests not yet answered plus relayed requests in progress, and once draining,
+/// connections still waiting for their first request (0 for NULL).
 ///
 /// # Safety
 /// `h` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn bgf_pending(h: *mut c_void) -> usize {
     let Some(s) = server(h) else { return 0 };
-    catch_unwind(AssertUnwindSafe(|| s.shared.stats.pending() as usize)).unwrap_or(0)
+    catch_unwind(AssertUnwindSafe(|| s.shared.pending() as usize)).unwrap_or(0)
 }
 
 /// Stop accepting, answer queued jobs 503, wake `bgf_next_batch` (returns 0 from now on),

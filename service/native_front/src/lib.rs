@@ -7,7 +7,7 @@
 //! per batch ([`ffi`]: `bgf_next_batch` / `bgf_complete`). Every other request is relayed byte
 //! for byte to the unchanged Python HTTP service ([`relay`]). It limits open connections,
 //! takes new configurations as generations ([`config`], `bgf_configure`), drops jobs whose
-//! client left ([`peer`]), drains gracefully (`bgf_drain` / `bgf_pending`), and logs
+//! client left ([`peer`]), drains gracefully (`bgf_refuse_new`, `bgf_drain`, `bgf_pending`; [`listener`]), and logs
 //! ([`access_log`], [`clock`]) and times ([`histogram`], [`stats`]) what it answers itself.
 
 pub mod access_log;
@@ -19,6 +19,7 @@ pub mod ffi;
 pub mod histogram;
 pub mod http;
 pub mod json;
+pub mod listener;
 pub mod peer;
 pub mod relay;
 pub mod request_id;
@@ -26,6 +27,8 @@ pub mod response;
 pub mod server;
 pub mod stats;
 
+#[cfg(test)]
+mod drain_tests;
 #[cfg(test)]
 mod fuzz_tests;
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! Loopback round trips of the ABI-2 additions: connection limit, `bgf_configure` and
+//! Loopback round trips of the ABI-2 additions (ABI 3's drain steps: `drain_tests.rs`): connection limit, `bgf_configure` and
 //! generations, client-gone jobs, drain / pending, the 16 counters, the latency histogram and
 //! the access log (captured through the injectable sink).
 
@@ -17,10 +17,10 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-const BIN: &str = r#","parameters":{"binary_data_output":true}"#;
+pub(crate) const BIN: &str = r#","parameters":{"binary_data_output":true}"#;
 
 /// The test configuration with `(from, to)` replacements.
-fn config(upstream: &str, edits: &[(&str, &str)]) -> String {
+pub(crate) fn config(upstream: &str, edits: &[(&str, &str)]) -> String {
     let mut t = test_config_text(0, upstream);
     for (from, to) in edits {
         assert!(t.contains(from), "{from}");
@@ -29,7 +29,7 @@ fn config(upstream: &str, edits: &[(&str, &str)]) -> String {
     t
 }
 
-fn server(h: H) -> &'static Server {
+pub(crate) fn server(h: H) -> &'static Server {
     unsafe { &*(h.0 as *const Server) }
 }
 
@@ -39,18 +39,18 @@ fn capture(h: H) -> Captured {
     cap
 }
 
-fn stats(h: H) -> Vec<u64> {
+pub(crate) fn stats(h: H) -> Vec<u64> {
     let mut v = vec![0u64; 20];
     assert_eq!(unsafe { bgf_stats(h.0, v.as_mut_ptr(), v.len()) }, 16);
     v.truncate(16);
     v
 }
 
-fn pending(h: H) -> usize {
+pub(crate) fn pending(h: H) -> usize {
     unsafe { bgf_pending(h.0) }
 }
 
-fn wait_until(what: &str, cond: impl Fn() -> bool) {
+pub(crate) fn wait_until(what: &str, cond: impl Fn() -> bool) {
     let until = Instant::now() + Duration::from_secs(10);
     while !cond() {
         assert!(Instant::now() < until, "timed out waiting for {what}");
@@ -58,19 +58,19 @@ fn wait_until(what: &str, cond: impl Fn() -> bool) {
     }
 }
 
-fn connect(port: u16) -> TcpStream {
+pub(crate) fn connect(port: u16) -> TcpStream {
     let c = TcpStream::connect(("127.0.0.1", port)).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     c
 }
 
-fn complete_ok(h: H, b: &Batch, images: &[f32]) {
+pub(crate) fn complete_ok(h: H, b: &Batch, images: &[f32]) {
     let (prefix, data) = python_outputs(images, b.n, b.k);
     let rc = unsafe { bgf_complete(h.0, b.id, 200, prefix.as_ptr(), prefix.len(), data.as_ptr(), data.len()) };
     assert_eq!(rc, 0);
 }
 
-fn finish(h: H) {
+pub(crate) fn finish(h: H) {
     unsafe {
         bgf_stop(h.0);
         bgf_free(h.0);
@@ -79,7 +79,7 @@ fn finish(h: H) {
 
 #[test]
 fn abi_version_and_counts() {
-    assert_eq!(bgf_abi_version(), 2);
+    assert_eq!(bgf_abi_version(), 3);
     let h = start(&config("127.0.0.1:9", &[]));
     assert_eq!(unsafe { bgf_stats(h.0, std::ptr::null_mut(), 0) }, 16);
     let mut two = [7u64; 2];
@@ -328,7 +328,7 @@ fn jobs_of_departed_clients_are_dropped() {
 }
 
 /// A fake upstream answering one request once told to.
-fn held_upstream() -> (String, mpsc::Sender<()>, thread::JoinHandle<Vec<u8>>) {
+pub(crate) fn held_upstream() -> (String, mpsc::Sender<()>, thread::JoinHandle<Vec<u8>>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let (tx, rx) = mpsc::channel();
@@ -384,12 +384,19 @@ fn drain_closes_idle_connections_and_serves_the_rest() {
         bgf_drain(h.0);
         bgf_drain(h.0); // idempotent
     }
-    // idle connections close at once
-    for c in [&mut idle, &mut fresh] {
-        let mut rest = Vec::new();
-        assert_eq!(c.read_to_end(&mut rest).unwrap(), 0);
-    }
+    // an idle keep-alive connection closes at once
+    let mut rest = Vec::new();
+    assert_eq!(idle.read_to_end(&mut rest).unwrap(), 0);
     assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    // one that has not sent its first request yet is not idle: it waits for it, and counts
+    wait_until("the fresh connection pending", || pending(h) == 3);
+    fresh.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    let e = fresh.read(&mut [0u8; 1]).unwrap_err();
+    assert!(
+        matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
+        "{e}"
+    );
+    fresh.write_all(&infer_request(1, 0.125, BIN, "")).unwrap();
     // no new connections
     assert!(TcpStream::connect_timeout(
         &format!("127.0.0.1:{port}").parse().unwrap(),
@@ -398,14 +405,16 @@ fn drain_closes_idle_connections_and_serves_the_rest() {
     .is_err());
 
     // the half-read request is served, with connection: close
+    wait_until("the fresh connection's request queued", || stats(h)[0] == 3);
     partial.write_all(&req[20..]).unwrap();
-    wait_until("the partial request queued", || pending(h) == 3);
+    wait_until("the partial request queued", || stats(h)[0] == 4);
+    assert_eq!(pending(h), 4);
     // next_batch keeps working while draining
     let b = next_batch(h, &mut images, 64, 5000);
-    assert_eq!((b.n, b.requests), (2, 2));
-    assert_eq!((images[0], images[4]), (0.5, 0.75));
+    assert_eq!((b.n, b.requests), (3, 3));
+    assert_eq!((images[0], images[4], images[8]), (0.5, 0.125, 0.75));
     complete_ok(h, &b, &images);
-    for (c, v) in [(&mut queued, 0.5), (&mut partial, 0.75)] {
+    for (c, v) in [(&mut queued, 0.5), (&mut fresh, 0.125), (&mut partial, 0.75)] {
         let mut all = Vec::new();
         c.read_to_end(&mut all).unwrap(); // closed after the response
         let r: Response = read_response(&mut BufReader::new(&all[..]));

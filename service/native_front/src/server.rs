@@ -7,9 +7,11 @@
 //! start to end with one configuration snapshot ([`Shared::config`]).
 //!
 //! Over `max_connections` open connections a new one is answered 503 `busy_body` and closed.
-//! While draining ([`Server::drain`]) the listener is closed, connections idle between requests
-//! are closed (a registry of connection slots: idle ones are shut down for reading) and every
-//! response carries `connection: close`.
+//! While draining ([`Server::drain`]) the listener is closed — its accept queue taken and served
+//! first ([`crate::listener`]) — connections idle between requests are closed (a registry of
+//! connection slots: idle ones are shut down for reading) and every response carries
+//! `connection: close`. A connection that has not sent its first request yet is not idle: it
+//! gets the idle timeout to send one, as before the drain.
 
 use crate::access_log::{self, AccessLog, Entry, INFER_ROUTE};
 use crate::batch_queue::{BatchQueue, Job, JobMeta, CLIENT_GONE};
@@ -17,13 +19,14 @@ use crate::config::Config;
 use crate::fast_path::{check_body, check_head};
 use crate::histogram::Histogram;
 use crate::http::{self, find_head_end, Framing, Head, MAX_HEAD};
+use crate::listener::{self, Wake};
 use crate::peer::{self, Fd, Peek};
 use crate::relay;
 use crate::request_id;
 use crate::stats::{Gauge, InFlight, Stats};
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::mpsc::{sync_channel, RecvTimeoutError};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -50,6 +53,8 @@ const MAX_BUSY_THREADS: u64 = 64;
 const BUSY: u8 = 0;
 const IDLE: u8 = 1;
 const SHUT: u8 = 2;
+/// Waiting for the connection's first request: the drain leaves it be.
+const FIRST: u8 = 3;
 
 /// A connection as the drain sees it: its descriptor and whether its thread waits for a new
 /// request with nothing buffered.
@@ -77,6 +82,9 @@ pub struct Shared {
     conns: Mutex<HashMap<u64, Arc<ConnSlot>>>,
     next_conn: AtomicU64,
     busy_threads: AtomicU64,
+    /// Tests: leave connections in the accept queue until the listener closes.
+    #[cfg(test)]
+    pub(crate) hold_accepts: AtomicBool,
 }
 
 /// What the access log and the histogram get about a native answer (the duration and bytes
@@ -110,6 +118,17 @@ impl Shared {
     /// True once the drain began.
     pub fn draining(&self) -> bool {
         self.draining.load(Ordering::SeqCst)
+    }
+
+    /// `bgf_pending`: [`Stats::pending`], and once the drain began, the connections still
+    /// waiting for their first request (each gets the idle timeout to send it).
+    pub fn pending(&self) -> u64 {
+        let first = if self.draining() {
+            self.stats.awaiting_first.load(Ordering::SeqCst)
+        } else {
+            0
+        };
+        self.stats.pending() + first
     }
 
     fn conns(&self) -> MutexGuard<'_, HashMap<u64, Arc<ConnSlot>>> {
@@ -221,14 +240,21 @@ pub struct Server {
     /// Shared state (kept alive by connection threads too).
     pub shared: Arc<Shared>,
     addr: SocketAddr,
-    acceptor: Mutex<Option<JoinHandle<()>>>,
+    /// The listener, while it is open (the acceptor holds it too).
+    listener: Mutex<Option<Arc<TcpListener>>>,
+    wake: Arc<Wake>,
+    acceptor: Mutex<Option<JoinHandle<usize>>>,
+    /// Connections the acceptor took from the accept queue when it stopped (reported once).
+    taken: Mutex<Option<usize>>,
 }
 
 impl Server {
     /// Bind the listener and start the acceptor thread.
     pub fn start(cfg: Config) -> io::Result<Server> {
-        let listener = TcpListener::bind((cfg.host.as_str(), cfg.port))?;
+        let listener = Arc::new(TcpListener::bind((cfg.host.as_str(), cfg.port))?);
         let addr = listener.local_addr()?;
+        listener.set_nonblocking(true)?;
+        let wake = Arc::new(Wake::new()?);
         let stats = Arc::new(Stats::default());
         let shared = Arc::new(Shared {
             queue: BatchQueue::new(stats.clone()),
@@ -242,15 +268,20 @@ impl Server {
             conns: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(0),
             busy_threads: AtomicU64::new(0),
+            #[cfg(test)]
+            hold_accepts: AtomicBool::new(false),
         });
-        let acc = shared.clone();
+        let (acc, l, w) = (shared.clone(), listener.clone(), wake.clone());
         let handle = thread::Builder::new()
             .name("bgfront-accept".into())
-            .spawn(move || accept_loop(acc, listener))?;
+            .spawn(move || accept_loop(&acc, &l, &w))?;
         Ok(Server {
             shared,
             addr,
+            listener: Mutex::new(Some(listener)),
+            wake,
             acceptor: Mutex::new(Some(handle)),
+            taken: Mutex::new(None),
         })
     }
 
@@ -259,30 +290,42 @@ impl Server {
         self.addr.port()
     }
 
-    /// Stop accepting: wake and join the acceptor, which closes the listener. Idempotent.
-    fn close_listener(&self) {
+    /// Refuse new connections from now on ([`listener::refuse_new_connections`]) while still
+    /// accepting those whose handshake is under way or queued. False when the filter could not
+    /// be attached (not Linux) or the listener is closed.
+    pub fn refuse_new(&self) -> bool {
+        let listener = self.listener.lock().unwrap_or_else(|p| p.into_inner());
+        listener.as_deref().is_some_and(listener::refuse_new_connections)
+    }
+
+    /// Stop accepting: wake and join the acceptor, which refuses new connections, takes (and
+    /// serves) its accept queue and lets the listener close. Idempotent. Returns how many
+    /// connections it took from the queue, on the first call (0 on later ones).
+    fn close_listener(&self) -> usize {
         self.shared.closing.store(true, Ordering::SeqCst);
+        self.wake.wake();
         let handle = self.acceptor.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(handle) = handle {
-            // wake the blocking accept() with a connection of our own
-            let mut wake = self.addr;
-            if wake.ip().is_unspecified() {
-                wake.set_ip(match wake.ip() {
-                    IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::LOCALHOST),
-                    IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::LOCALHOST),
-                });
+        let taken = handle.map(|h| h.join().unwrap_or(0));
+        self.listener.lock().unwrap_or_else(|p| p.into_inner()).take(); // the socket closes
+        let mut reported = self.taken.lock().unwrap_or_else(|p| p.into_inner());
+        match (taken, reported.is_some()) {
+            (Some(n), false) => {
+                *reported = Some(n);
+                n
             }
-            let _ = TcpStream::connect_timeout(&wake, Duration::from_secs(1));
-            let _ = handle.join();
+            _ => 0,
         }
     }
 
-    /// Drain: close the listener, close connections idle between requests, answer everything
-    /// else with `connection: close`. Queued jobs and `next_batch` are unaffected. Idempotent.
-    pub fn drain(&self) {
+    /// Drain: close the listener (serving its accept queue), close connections idle between
+    /// requests, answer everything else with `connection: close`. Queued jobs and `next_batch`
+    /// are unaffected. Idempotent; returns how many connections were taken from the accept
+    /// queue (on the first call).
+    pub fn drain(&self) -> usize {
         self.shared.draining.store(true, Ordering::SeqCst);
-        self.close_listener();
+        let taken = self.close_listener();
         self.shared.shut_idle_connections();
+        taken
     }
 
     /// Stop accepting, answer queued jobs 503, make `next_batch` return nothing, join the
@@ -293,40 +336,66 @@ impl Server {
     }
 }
 
-fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
+/// Accept until told to stop; then refuse new connections, take every connection in the
+/// accept queue (the listener's close would reset them) and return how many there were. The
+/// listener is non-blocking; [`Wake::wait`] waits for the next connection or the stop.
+fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener, wake: &Wake) -> usize {
+    while !shared.closing.load(Ordering::SeqCst) && wake.wait(listener) {
+        accept_waiting(shared, listener);
+    }
+    listener::refuse_new_connections(listener);
+    accept_waiting(shared, listener)
+}
+
+/// Accept (and serve) every connection waiting now; how many.
+fn accept_waiting(shared: &Arc<Shared>, listener: &TcpListener) -> usize {
+    #[cfg(test)]
+    if shared.hold_accepts.load(Ordering::SeqCst) && !shared.closing.load(Ordering::SeqCst) {
+        thread::sleep(Duration::from_millis(2));
+        return 0;
+    }
+    let mut n = 0;
     loop {
-        let conn = listener.accept();
-        if shared.closing.load(Ordering::SeqCst) {
-            break;
-        }
-        match conn {
+        match listener.accept() {
             Ok((stream, addr)) => {
-                // only this thread raises the gauge: the check cannot be overtaken
-                if shared.stats.open_connections.load(Ordering::SeqCst) >= shared.max_connections {
-                    reject_busy(&shared, stream, addr);
-                    continue;
-                }
-                shared.stats.connections_accepted.fetch_add(1, Ordering::Relaxed);
-                let conn = Conn {
-                    reg: Registration::new(&shared, &stream),
-                    stream,
-                };
-                let spawned = thread::Builder::new()
-                    .name("bgfront-conn".into())
-                    .stack_size(256 * 1024)
-                    .spawn(move || {
-                        let mut conn = conn;
-                        let shared = conn.reg.shared.clone();
-                        serve_connection(&shared, &mut conn.stream, &conn.reg.slot, &addr.to_string());
-                    });
-                if spawned.is_err() {
-                    thread::sleep(Duration::from_millis(10));
-                }
+                n += 1;
+                admit(shared, stream, addr);
             }
-            Err(_) => thread::sleep(Duration::from_millis(10)), // e.g. out of descriptors
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return n,
+            Err(_) => {
+                thread::sleep(Duration::from_millis(10)); // e.g. out of descriptors
+                return n;
+            }
         }
     }
-    // the listener closes here
+}
+
+/// Serve an accepted connection on a thread of its own (503 `busy_body` over the limit).
+fn admit(shared: &Arc<Shared>, stream: TcpStream, addr: SocketAddr) {
+    // accepted sockets inherit the listener's O_NONBLOCK on some systems (not Linux)
+    let _ = stream.set_nonblocking(false);
+    // only the acceptor raises the gauge: the check cannot be overtaken
+    if shared.stats.open_connections.load(Ordering::SeqCst) >= shared.max_connections {
+        reject_busy(shared, stream, addr);
+        return;
+    }
+    shared.stats.connections_accepted.fetch_add(1, Ordering::Relaxed);
+    let conn = Conn {
+        reg: Registration::new(shared, &stream),
+        stream,
+    };
+    let spawned = thread::Builder::new()
+        .name("bgfront-conn".into())
+        .stack_size(256 * 1024)
+        .spawn(move || {
+            let mut conn = conn;
+            let shared = conn.reg.shared.clone();
+            serve_connection(&shared, &mut conn.stream, &conn.reg.slot, &addr.to_string());
+        });
+    if spawned.is_err() {
+        thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// A connection over `max_connections`: 503 `busy_body`, `connection: close`, graceful close
@@ -411,8 +480,14 @@ fn read_more(stream: &mut TcpStream, buf: &mut Vec<u8>, want: usize) -> io::Resu
 }
 
 /// Wait idle (nothing buffered) for the next request: false when the drain began and nothing
-/// is waiting (close now). The drain shuts down idle connections, which ends the read.
-fn enter_idle(shared: &Shared, slot: &ConnSlot) -> bool {
+/// is waiting (close now). The drain shuts down idle connections, which ends the read. The wait
+/// for a connection's `first` request is not idle: its client has just connected (perhaps taken
+/// from the accept queue by the drain itself) and is sending it, so it gets the idle timeout.
+fn enter_idle(shared: &Shared, slot: &ConnSlot, first: bool) -> bool {
+    if first {
+        slot.state.store(FIRST, Ordering::SeqCst);
+        return true;
+    }
     slot.state.store(IDLE, Ordering::SeqCst);
     // SeqCst pairs with the drain's store + compare_exchange: either this thread sees the
     // drain, or the drain sees this slot idle (or both).
@@ -429,6 +504,7 @@ fn serve_connection(shared: &Shared, stream: &mut TcpStream, slot: &ConnSlot, cl
     let mut timeout = ReadTimeout(None);
     let stats = &shared.stats;
     let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
+    let mut first = true; // no request head read yet
     loop {
         // 1. the head
         let mut scanned = 0;
@@ -447,11 +523,13 @@ fn serve_connection(shared: &Shared, stream: &mut TcpStream, slot: &ConnSlot, cl
             }
             scanned = buf.len();
             let idle = buf.is_empty();
-            if idle && !enter_idle(shared, slot) {
+            if idle && !enter_idle(shared, slot, first) {
                 return;
             }
             timeout.set(stream, if idle { idle_timeout } else { read_timeout });
+            let awaited = (idle && first).then(|| Gauge::up(&stats.awaiting_first));
             let r = read_more(stream, &mut buf, 0);
+            drop(awaited);
             if idle {
                 slot.state.store(BUSY, Ordering::SeqCst);
             }
@@ -460,6 +538,7 @@ fn serve_connection(shared: &Shared, stream: &mut TcpStream, slot: &ConnSlot, cl
                 Ok(_) => {}
             }
         };
+        first = false;
         let arrival = Instant::now();
         timeout.set(stream, read_timeout); // the body, or the relayed rest of the request
         let cfg = shared.config();

@@ -45,6 +45,8 @@ pub struct Stats {
     pub fast_in_flight: AtomicU64,
     /// Relays in progress (gauge).
     pub relays_in_flight: AtomicU64,
+    /// Connections waiting for their first request (gauge).
+    pub awaiting_first: AtomicU64,
 }
 
 impl Stats {
