@@ -12,7 +12,11 @@ by the native front end itself), half ``GET /healthz`` (relayed to the main port
 - ``native:reset`` / ``relay:reset``: the connection was established and the request written,
   but it was closed or reset without an answer.
 
-    python bench/native_drain.py --rounds 5 --json docs/bench/native_drain.json
+``--hogs N`` runs N busy-looping processes beside it: the native acceptor then falls behind now
+and then, which is when a closing listener has connections in its queue (on an idle loopback it
+hardly ever has).
+
+    python bench/native_drain.py --rounds 6 --hogs 2 --json docs/bench/native_drain.json
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import argparse
 import asyncio
 import json
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -48,8 +53,9 @@ def infer_request(port: int, model: str) -> bytes:
     return (
         (
             f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: {HOST}:{port}\r\n"
-            f"Content-Type: application/octet-stream\r\nInference-Header-Content-Length: {len(head)}"
-            f"\r\nContent-Length: {len(head) + len(raw)}\r\nConnection: close\r\n\r\n"
+            "Content-Type: application/octet-stream\r\n"
+            f"Inference-Header-Content-Length: {len(head)}\r\n"
+            f"Content-Length: {len(head) + len(raw)}\r\nConnection: close\r\n\r\n"
         ).encode()
         + head
         + raw
@@ -117,6 +123,17 @@ def round_once(args: argparse.Namespace) -> tuple[list[str], int, float]:
     return outcomes, code, exit_s
 
 
+def one_round(args: argparse.Namespace, i: int, total: dict[str, int]) -> dict[str, Any]:
+    """Round ``i``: its outcomes (added to ``total``), exit code and time to exit."""
+    outcomes, code, exit_s = round_once(args)
+    counts = {o: outcomes.count(o) for o in sorted(set(outcomes))}
+    for k, v in counts.items():
+        total[k] = total.get(k, 0) + v
+    result = {"round": i, "outcomes": counts, "exit_code": code, "exit_seconds": round(exit_s, 2)}
+    print(json.dumps(result), flush=True)
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
@@ -124,21 +141,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", type=int, default=8, help="loops (half native, half relayed)")
     p.add_argument("--load", type=float, default=2.0, help="seconds of load before SIGTERM")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--hogs", type=int, default=0, help="busy-looping processes beside the run")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     total: dict[str, int] = {}
     rounds: list[dict[str, Any]] = []
-    for i in range(args.rounds):
-        outcomes, code, exit_s = round_once(args)
-        counts = {o: outcomes.count(o) for o in sorted(set(outcomes))}
-        for k, v in counts.items():
-            total[k] = total.get(k, 0) + v
-        rounds.append({"round": i, "outcomes": counts, "exit_code": code,
-                       "exit_seconds": round(exit_s, 2)})  # fmt: skip
-        print(json.dumps(rounds[-1]), flush=True)
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.hogs)]
+    try:
+        for i in range(args.rounds):
+            rounds.append(one_round(args, i, total))
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
     result = {
         "scenario": f"SIGTERM under steady load on the native port, {args.clients} loops, "
-        "a new connection per request",
+        f"a new connection per request, {args.hogs} busy process(es) beside it",
         "rounds": rounds,
         "total": total,
         "resets": sum(v for k, v in total.items() if k.endswith(":reset")),
