@@ -234,7 +234,11 @@ async def shut_down(state: Any, metrics: Metrics, serving: Serving) -> None:
         left = await asyncio.to_thread(serving.native.shut_down, serving.native_grace_s)
         state.native = None
         if left:
-            log.warning("native front end: %d request(s) answered 503 at shutdown", left)
+            log.warning(
+                "native front end: %d request(s) still pending at the drain timeout (queued ones "
+                "are answered 503)",
+                left,
+            )
     serving.worker.stop()
     metrics.process_exit()
 

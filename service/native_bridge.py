@@ -57,6 +57,7 @@ from bayesgate.service.errors import (
     error_body,
     status_of,
 )
+from bayesgate.service.http_server import REFUSE_LEAD_S
 from bayesgate.service.inference_protocol import INPUT_NAME, output_table, response_head
 from bayesgate.service.metrics import LATENCY_BUCKETS
 from bayesgate.service.native import Batch, NativeFront, load_library
@@ -144,6 +145,9 @@ def front_config(served: ServedModel, settings: Settings, upstream: str) -> dict
         # as the main port: a connection closed while the client still sends lingers
         "linger_ms": int(settings.linger_s * 1000),
         "linger_idle_ms": max(1, int(settings.linger_idle_s * 1000)),
+        # the native drain runs REFUSE_LEAD_S before the main port closes: a connection without
+        # a request may send one until then (its relay still reaches the main port)
+        "first_request_grace_ms": int(REFUSE_LEAD_S * 1000),
         "access_log": access_log_format(settings),
         "pid": os.getpid(),
         "latency_buckets": list(LATENCY_BUCKETS),

@@ -137,7 +137,10 @@ def test_drain_handler_delays_sigterm_but_not_sigint() -> None:
     times = dict(term)
     assert times["lead 0.5"] >= 0.3 and times["lead 0.25"] >= 0.55 and times["exit"] >= 0.8, term
     short = asyncio.run(scenario(signal.SIGTERM, 0.4))  # a lead longer than the delay: at once
-    assert [e[0] for e in short] == ["drain", "lead 0.5", "serving", "lead 0.25", "exit"], short
+    order = [e[0] for e in short if e[0] != "serving"]  # (its place depends on the loop's pace)
+    assert order == ["drain", "lead 0.5", "lead 0.25", "exit"], short
+    times = dict(short)
+    assert times["lead 0.25"] >= 0.15 and times["lead 0.5"] < times["lead 0.25"], short
     interrupt = asyncio.run(scenario(signal.SIGINT, 30))
     assert [e[0] for e in interrupt] == ["drain", "exit", "exit"] and interrupt[-1][1] < 5
 

@@ -108,6 +108,10 @@ pub struct Config {
     /// … and at most this long between two reads (`linger_idle_ms`, default 2 s:
     /// `BAYESGATE_LINGER_IDLE_S`).
     pub linger_idle: Duration,
+    /// From the drain's start, how long a connection that has not sent its first request may
+    /// still send it (`first_request_grace_ms`, default 250 ms: the time the service's port
+    /// still takes relays after the native drain); then it is closed as an idle one.
+    pub first_request_grace: Duration,
 }
 
 /// `idle_timeout_ms` / `read_timeout_ms` when the start configuration does not give them.
@@ -117,6 +121,8 @@ pub const DEFAULT_TIMEOUT_MS: u64 = 75_000;
 pub const DEFAULT_LINGER_MS: u64 = 10_000;
 /// See [`DEFAULT_LINGER_MS`].
 pub const DEFAULT_LINGER_IDLE_MS: u64 = 2_000;
+/// `first_request_grace_ms` when the configuration does not give it.
+pub const DEFAULT_FIRST_REQUEST_GRACE_MS: u64 = 250;
 
 /// Itemsize of an OIP datatype the front end can slice.
 pub fn itemsize(datatype: &str) -> Option<usize> {
@@ -353,6 +359,11 @@ impl Config {
             max_body_bytes: opt_uint(&root, "max_body_bytes", u64::MAX)?,
             linger: Duration::from_millis(opt_uint(&root, "linger_ms", DEFAULT_LINGER_MS)?),
             linger_idle: millis(&root, "linger_idle_ms", DEFAULT_LINGER_IDLE_MS)?,
+            first_request_grace: Duration::from_millis(opt_uint(
+                &root,
+                "first_request_grace_ms",
+                DEFAULT_FIRST_REQUEST_GRACE_MS,
+            )?),
         };
         Ok(cfg)
     }

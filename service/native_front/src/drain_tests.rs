@@ -9,7 +9,7 @@ use std::io::{BufReader, ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::Ordering;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Index of `open_connections` in `bgf_stats`.
 const OPEN: usize = 10;
@@ -20,10 +20,19 @@ fn read_all(c: &mut TcpStream) -> Vec<u8> {
     all
 }
 
+/// The configuration edit that sets `first_request_grace_ms`.
+fn grace_ms(ms: u64) -> (&'static str, String) {
+    (
+        "\"latency_buckets\"",
+        format!("\"first_request_grace_ms\":{ms},\"latency_buckets\""),
+    )
+}
+
 #[test]
 fn the_drain_serves_the_connections_in_the_accept_queue() {
     let (upstream, seen, up_thread) = fake_upstream(1);
-    let h = start(&config(&upstream, &[]));
+    let (from, to) = grace_ms(10_000);
+    let h = start(&config(&upstream, &[(from, &to)]));
     let port = unsafe { bgf_port(h.0) };
     server(h).shared.hold_accepts.store(true, Ordering::SeqCst);
     // three handshakes the kernel completed, none accepted yet
@@ -74,23 +83,34 @@ fn the_drain_serves_the_connections_in_the_accept_queue() {
 }
 
 #[test]
-fn a_connection_waiting_for_its_first_request_at_the_drain_counts_until_it_closes() {
-    let h = start(&config("127.0.0.1:9", &[]));
+fn a_connection_without_a_request_gets_the_grace_then_is_closed_as_idle() {
+    let (from, to) = grace_ms(600);
+    let h = start(&config("127.0.0.1:9", &[(from, &to)]));
     let port = unsafe { bgf_port(h.0) };
     let mut silent = connect(port);
-    wait_until("accepted", || stats(h)[OPEN] == 1);
+    wait_until("accepted and waiting", || {
+        server(h).shared.stats.awaiting_first.load(Ordering::SeqCst) == 1
+    });
     assert_eq!(pending(h), 0, "not pending before the drain");
+    let t0 = Instant::now();
     unsafe { bgf_drain(h.0) };
     assert_eq!(pending(h), 1);
-    // not closed as an idle keep-alive connection would be
+    // not closed at once as an idle keep-alive connection is
     silent.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
     let e = silent.read(&mut [0u8; 1]).unwrap_err();
     assert!(matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut), "{e}");
     assert_eq!(pending(h), 1);
+    // … but once the grace is over
     silent.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    silent.shutdown(std::net::Shutdown::Write).unwrap();
     assert_eq!(read_all(&mut silent), b"");
+    let waited = t0.elapsed();
+    assert!(
+        waited >= Duration::from_millis(590) && waited < Duration::from_secs(5),
+        "{waited:?}"
+    );
     wait_until("nothing pending", || pending(h) == 0);
+    // a connection made after the grace would not wait either (none can be: the port is shut)
+    assert!(server(h).shared.stats.awaiting_first.load(Ordering::SeqCst) == 0);
     finish(h);
 }
 

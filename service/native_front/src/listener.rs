@@ -18,6 +18,7 @@
 use std::net::TcpListener;
 
 /// One instruction of a classic BPF program (`struct sock_filter`).
+#[cfg(target_os = "linux")]
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 struct SockFilter {
@@ -27,13 +28,16 @@ struct SockFilter {
     k: u32,
 }
 
+#[cfg(target_os = "linux")]
 const TCP_SYN: u32 = 0x02;
+#[cfg(target_os = "linux")]
 const TCP_ACK: u32 = 0x10;
 
 /// Run by the kernel on each segment the listening socket receives, the TCP header at offset 0;
 /// returns how many bytes to keep (0 drops). Drops a SYN without ACK (a new connection), keeps
 /// every other segment whole. Instruction for instruction `REFUSE_SYN_FILTER` of
 /// `service/http_server.py`.
+#[cfg(target_os = "linux")]
 const REFUSE_SYN_FILTER: [SockFilter; 5] = [
     SockFilter {
         code: 0x30,
@@ -116,7 +120,13 @@ pub fn refuse_new_connections(_listener: &TcpListener) -> bool {
 
 #[cfg(unix)]
 mod poll_sys {
-    use std::ffi::{c_int, c_short, c_ulong};
+    use std::ffi::{c_int, c_short};
+
+    /// `nfds_t`: unsigned long on Linux, unsigned int on the BSDs and macOS.
+    #[cfg(target_os = "linux")]
+    pub type Nfds = std::ffi::c_ulong;
+    #[cfg(not(target_os = "linux"))]
+    pub type Nfds = std::ffi::c_uint;
 
     pub const POLLIN: c_short = 0x001;
 
@@ -128,7 +138,7 @@ mod poll_sys {
     }
 
     extern "C" {
-        pub fn poll(fds: *mut PollFd, nfds: c_ulong, timeout: c_int) -> c_int;
+        pub fn poll(fds: *mut PollFd, nfds: Nfds, timeout: c_int) -> c_int;
     }
 }
 

@@ -82,6 +82,9 @@ pub struct Shared {
     conns: Mutex<HashMap<u64, Arc<ConnSlot>>>,
     next_conn: AtomicU64,
     busy_threads: AtomicU64,
+    /// The drain's `first_request_grace` is over: a connection waiting for its first request
+    /// is idle from now on.
+    first_grace_over: AtomicBool,
     /// Tests: leave connections in the accept queue until the listener closes.
     #[cfg(test)]
     pub(crate) hold_accepts: AtomicBool,
@@ -120,15 +123,16 @@ impl Shared {
         self.draining.load(Ordering::SeqCst)
     }
 
-    /// `bgf_pending`: [`Stats::pending`], and once the drain began, the connections still
-    /// waiting for their first request (each gets the idle timeout to send it).
+    /// `bgf_pending`: [`Stats::pending`], the requests being read, and once the drain began,
+    /// the connections still waiting for their first request (for at most
+    /// `first_request_grace` from the drain's start).
     pub fn pending(&self) -> u64 {
         let first = if self.draining() {
             self.stats.awaiting_first.load(Ordering::SeqCst)
         } else {
             0
         };
-        self.stats.pending() + first
+        self.stats.pending() + self.stats.requests_reading.load(Ordering::SeqCst) + first
     }
 
     fn conns(&self) -> MutexGuard<'_, HashMap<u64, Arc<ConnSlot>>> {
@@ -182,13 +186,17 @@ impl Shared {
         ok
     }
 
-    /// Drain: shut down (for reading) every connection whose thread waits idle for a request,
-    /// which wakes it to close.
-    fn shut_idle_connections(&self) {
+    /// Drain: shut down (for reading) every connection whose thread waits idle (`state`: IDLE,
+    /// or FIRST once the first request's grace is over) for a request, which wakes it to close.
+    /// A connection with bytes already waiting is left to read them.
+    fn shut_waiting_connections(&self, state: u8) {
         for slot in self.conns().values() {
+            if peer::peek(slot.fd) == Peek::Data {
+                continue;
+            }
             if slot
                 .state
-                .compare_exchange(IDLE, SHUT, Ordering::SeqCst, Ordering::SeqCst)
+                .compare_exchange(state, SHUT, Ordering::SeqCst, Ordering::SeqCst)
                 .is_ok()
             {
                 peer::shutdown_read(slot.fd);
@@ -268,6 +276,7 @@ impl Server {
             conns: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(0),
             busy_threads: AtomicU64::new(0),
+            first_grace_over: AtomicBool::new(false),
             #[cfg(test)]
             hold_accepts: AtomicBool::new(false),
         });
@@ -304,8 +313,10 @@ impl Server {
     fn close_listener(&self) -> usize {
         self.shared.closing.store(true, Ordering::SeqCst);
         self.wake.wake();
-        let handle = self.acceptor.lock().unwrap_or_else(|p| p.into_inner()).take();
-        let taken = handle.map(|h| h.join().unwrap_or(0));
+        // held through the join: a concurrent caller returns once the queue is served
+        let mut acceptor = self.acceptor.lock().unwrap_or_else(|p| p.into_inner());
+        let taken = acceptor.take().map(|h| h.join().unwrap_or(0));
+        drop(acceptor);
         self.listener.lock().unwrap_or_else(|p| p.into_inner()).take(); // the socket closes
         let mut reported = self.taken.lock().unwrap_or_else(|p| p.into_inner());
         match (taken, reported.is_some()) {
@@ -322,9 +333,29 @@ impl Server {
     /// are unaffected. Idempotent; returns how many connections were taken from the accept
     /// queue (on the first call).
     pub fn drain(&self) -> usize {
-        self.shared.draining.store(true, Ordering::SeqCst);
+        let first = !self.shared.draining.swap(true, Ordering::SeqCst);
         let taken = self.close_listener();
-        self.shared.shut_idle_connections();
+        self.shared.shut_waiting_connections(IDLE);
+        if first {
+            // connections that have not sent their first request get the grace, then go as
+            // idle ones do (a detached thread: the drain is called on Python's event loop)
+            let shared = self.shared.clone();
+            let grace = shared.config().first_request_grace;
+            let end_grace = move || {
+                thread::sleep(grace);
+                shared.first_grace_over.store(true, Ordering::SeqCst);
+                shared.shut_waiting_connections(FIRST);
+            };
+            let spawned = thread::Builder::new()
+                .name("bgfront-drain".into())
+                .stack_size(64 * 1024)
+                .spawn(end_grace);
+            if spawned.is_err() {
+                // no thread to wait on: no grace
+                self.shared.first_grace_over.store(true, Ordering::SeqCst);
+                self.shared.shut_waiting_connections(FIRST);
+            }
+        }
         taken
     }
 
@@ -341,20 +372,29 @@ impl Server {
 /// listener is non-blocking; [`Wake::wait`] waits for the next connection or the stop.
 fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener, wake: &Wake) -> usize {
     while !shared.closing.load(Ordering::SeqCst) && wake.wait(listener) {
-        accept_waiting(shared, listener);
+        accept_waiting(shared, listener, false);
     }
     listener::refuse_new_connections(listener);
-    accept_waiting(shared, listener)
+    accept_waiting(shared, listener, true)
 }
 
-/// Accept (and serve) every connection waiting now; how many.
-fn accept_waiting(shared: &Arc<Shared>, listener: &TcpListener) -> usize {
+/// How long the last pass over the accept queue keeps retrying an `accept` that failed for
+/// want of descriptors or memory (what it leaves is reset with the listener).
+const LAST_ACCEPT_RETRY: Duration = Duration::from_millis(100);
+
+/// Accept (and serve) every connection waiting now; how many. A connection aborted while
+/// queued (ECONNABORTED, EPROTO) is skipped; on another error (e.g. out of descriptors) the
+/// acceptor pauses 10 ms — and on the `last` pass, before the listener closes, retries for up
+/// to [`LAST_ACCEPT_RETRY`].
+fn accept_waiting(shared: &Arc<Shared>, listener: &TcpListener, last: bool) -> usize {
     #[cfg(test)]
     if shared.hold_accepts.load(Ordering::SeqCst) && !shared.closing.load(Ordering::SeqCst) {
         thread::sleep(Duration::from_millis(2));
         return 0;
     }
+    const EPROTO: i32 = 71; // Linux's
     let mut n = 0;
+    let retry_until = Instant::now() + LAST_ACCEPT_RETRY;
     loop {
         match listener.accept() {
             Ok((stream, addr)) => {
@@ -362,10 +402,14 @@ fn accept_waiting(shared: &Arc<Shared>, listener: &TcpListener) -> usize {
                 admit(shared, stream, addr);
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => {}
+            Err(e) if e.raw_os_error() == Some(EPROTO) => {}
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return n,
             Err(_) => {
                 thread::sleep(Duration::from_millis(10)); // e.g. out of descriptors
-                return n;
+                if !last || Instant::now() >= retry_until {
+                    return n;
+                }
             }
         }
     }
@@ -482,11 +526,16 @@ fn read_more(stream: &mut TcpStream, buf: &mut Vec<u8>, want: usize) -> io::Resu
 /// Wait idle (nothing buffered) for the next request: false when the drain began and nothing
 /// is waiting (close now). The drain shuts down idle connections, which ends the read. The wait
 /// for a connection's `first` request is not idle: its client has just connected (perhaps taken
-/// from the accept queue by the drain itself) and is sending it, so it gets the idle timeout.
+/// from the accept queue by the drain itself) and is sending it, so it may until the drain's
+/// `first_request_grace` is over.
 fn enter_idle(shared: &Shared, slot: &ConnSlot, first: bool) -> bool {
-    if first {
+    // SeqCst pairs with the grace's end (flag, then scan for FIRST): either this thread sees
+    // the flag, or the scan sees this slot (or both)
+    if first && !shared.first_grace_over.load(Ordering::SeqCst) {
         slot.state.store(FIRST, Ordering::SeqCst);
-        return true;
+        if !shared.first_grace_over.load(Ordering::SeqCst) {
+            return true;
+        }
     }
     slot.state.store(IDLE, Ordering::SeqCst);
     // SeqCst pairs with the drain's store + compare_exchange: either this thread sees the
@@ -508,12 +557,17 @@ fn serve_connection(shared: &Shared, stream: &mut TcpStream, slot: &ConnSlot, cl
     loop {
         // 1. the head
         let mut scanned = 0;
+        // held from a request's first bytes until it is queued or relayed (`bgf_pending`)
+        let mut reading: Option<Gauge<'_>> = None;
         let end = loop {
             // tolerate empty lines before a request line (RFC 9112 §2.2)
             let blank = buf.chunks(2).take_while(|c| *c == b"\r\n").count() * 2;
             if blank > 0 {
                 buf.drain(..blank);
                 scanned = 0;
+            }
+            if !buf.is_empty() && reading.is_none() {
+                reading = Some(Gauge::up(&stats.requests_reading));
             }
             if let Some(end) = find_head_end(&buf, scanned) {
                 break Some(end);
@@ -602,6 +656,7 @@ fn serve_connection(shared: &Shared, stream: &mut TcpStream, slot: &ConnSlot, cl
             stats.relayed_requests.fetch_add(1, Ordering::Relaxed);
             let outcome = {
                 let _in_flight = Gauge::up(&stats.relays_in_flight);
+                drop(reading);
                 relay::relay(&cfg.upstream, stream, &head, framing, &buf[end..])
             };
             if let Some((status, bytes)) = outcome.native_answer(&request_id) {
@@ -638,6 +693,7 @@ fn serve_connection(shared: &Shared, stream: &mut TcpStream, slot: &ConnSlot, cl
             fd: peer::fd_of(stream),
             in_flight: InFlight::new(stats.clone()),
         });
+        drop(reading); // counted in flight from here
         let (status, bytes) = match shared.queue.push(Job {
             meta: meta.clone(),
             images: req.images,

@@ -47,6 +47,8 @@ pub struct Stats {
     pub relays_in_flight: AtomicU64,
     /// Connections waiting for their first request (gauge).
     pub awaiting_first: AtomicU64,
+    /// Requests whose first bytes arrived and that are not yet queued or relayed (gauge).
+    pub requests_reading: AtomicU64,
 }
 
 impl Stats {
