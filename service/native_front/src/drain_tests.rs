@@ -145,3 +145,24 @@ fn refusing_new_connections_keeps_accepting_the_queued_ones() {
     assert_eq!(unsafe { bgf_refuse_new(std::ptr::null_mut()) }, 0);
     finish(h);
 }
+
+#[cfg(target_os = "linux")]
+#[test]
+fn the_closing_acceptor_refuses_new_connections_before_its_last_accept() {
+    // without bgf_refuse_new first (SIGINT, no drain delay): the acceptor attaches the filter
+    // itself, so a client connecting between its last accept and the close is never accepted
+    // (dropped SYN, then refused), not queued to be reset
+    let h = start(&config("127.0.0.1:9", &[]));
+    let port = unsafe { bgf_port(h.0) };
+    *server(h).shared.pause_before_last_accept.lock().unwrap() = Duration::from_millis(600);
+    let drain = thread::spawn(move || {
+        let h = h; // the whole handle (Send), not its raw field
+        unsafe { bgf_drain(h.0) }
+    });
+    thread::sleep(Duration::from_millis(150)); // the acceptor is in its pause
+    let addr = format!("127.0.0.1:{port}").parse().unwrap();
+    let err = TcpStream::connect_timeout(&addr, Duration::from_millis(250)).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TimedOut, "{err}");
+    assert_eq!(drain.join().unwrap(), 0, "nothing was queued");
+    finish(h);
+}

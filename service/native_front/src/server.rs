@@ -88,6 +88,9 @@ pub struct Shared {
     /// Tests: leave connections in the accept queue until the listener closes.
     #[cfg(test)]
     pub(crate) hold_accepts: AtomicBool,
+    /// Tests: pause this long between the closing acceptor's filter and its last accept.
+    #[cfg(test)]
+    pub(crate) pause_before_last_accept: Mutex<Duration>,
 }
 
 /// What the access log and the histogram get about a native answer (the duration and bytes
@@ -279,6 +282,8 @@ impl Server {
             first_grace_over: AtomicBool::new(false),
             #[cfg(test)]
             hold_accepts: AtomicBool::new(false),
+            #[cfg(test)]
+            pause_before_last_accept: Mutex::new(Duration::ZERO),
         });
         let (acc, l, w) = (shared.clone(), listener.clone(), wake.clone());
         let handle = thread::Builder::new()
@@ -375,6 +380,8 @@ fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener, wake: &Wake) -> usi
         accept_waiting(shared, listener, false);
     }
     listener::refuse_new_connections(listener);
+    #[cfg(test)]
+    thread::sleep(*shared.pause_before_last_accept.lock().unwrap());
     accept_waiting(shared, listener, true)
 }
 
