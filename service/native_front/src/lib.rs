@@ -14,6 +14,7 @@ pub mod access_log;
 pub mod batch_queue;
 pub mod clock;
 pub mod config;
+pub mod connection;
 pub mod fast_path;
 pub mod ffi;
 pub mod histogram;
