@@ -153,14 +153,29 @@ def refuse_new_connections(listener: socket.socket) -> bool:
     try:
         attach_filter(listener, REFUSE_SYN_FILTER)
     except OSError as exc:
-        # uvicorn's logger: configured in the supervisor process as well as in the workers
-        logging.getLogger("uvicorn.error").warning(
-            "cannot stop the listening socket's accept queue from growing (%s): a connection "
-            "made just before it closes can be reset",
-            exc,
-        )
+        inode = socket_inode(listener)  # a socket is tried twice at a shutdown: warn once
+        if inode is None or inode not in _filter_refused:
+            if inode is not None:
+                _filter_refused.add(inode)
+            # uvicorn's logger: configured in the supervisor process as well as in the workers
+            logging.getLogger("uvicorn.error").warning(
+                "cannot stop the listening socket's accept queue from growing (%s): a "
+                "connection made just before it closes can be reset",
+                exc,
+            )
         return False
     return True
+
+
+_filter_refused: set[int] = set()  # listening sockets (inodes) the kernel refused the filter on
+
+
+def socket_inode(sock: socket.socket) -> int | None:
+    """The socket's inode (the same for every descriptor of it); None when it is closed."""
+    try:
+        return os.fstat(sock.fileno()).st_ino
+    except (OSError, ValueError):
+        return None
 
 
 class Supervisor(Multiprocess):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import os
 import select
 import signal
 import socket
@@ -268,3 +269,26 @@ def test_a_socket_the_filter_cannot_go_on_is_reported_not_raised() -> None:
         logger.disabled = saved[1]
     (record,) = records
     assert "can be reset" in record.getMessage() and "Bad file descriptor" in record.getMessage()
+
+
+def test_a_socket_the_filter_cannot_go_on_is_reported_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A single worker tries the filter twice at a shutdown (before the drain delay ends and
+    again before its last ``accept()``), through different descriptors of the same socket: a
+    kernel that refuses it gets one warning, not two."""
+
+    def refused(sock: socket.socket, program: object) -> None:
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(http_server, "attach_filter", refused)
+    logger = logging.getLogger("uvicorn.error")
+    monkeypatch.setattr(logger, "disabled", False)
+    monkeypatch.setattr(logger, "propagate", True)
+    with listening() as sock, socket.socket(fileno=os.dup(sock.fileno())) as copy:
+        other = listening()
+        with caplog.at_level(logging.WARNING, logger="uvicorn.error"), other:
+            results = [refuse_new_connections(s) for s in (sock, copy, sock, other)]
+    assert results == [False] * 4
+    warnings = [r for r in caplog.records if "cannot stop the listening socket" in r.getMessage()]
+    assert len(warnings) == 2, warnings  # one for sock (and its copy), one for the other socket
