@@ -193,8 +193,9 @@ def go_ready(
         settings.drain_delay_s,
         on_drain,
         on_stop,
-        # the native front end relays some requests to this port over new connections until it
-        # stops accepting with uvicorn: refusing them earlier would answer those 502
+        # the native front end relays some requests to this port over new connections, up to
+        # when uvicorn stops (those of connections it accepted before its own drain, 0.25 s
+        # earlier): refusing them earlier would answer those 502
         refuse_early=lambda: getattr(state, "native", None) is None,
         # the native port closes first, serving its accept queue while this port still takes
         # the relays of those requests (see bayesgate.service.native_bridge)

@@ -183,8 +183,9 @@ class NativeFront:
         return int(self.lib.bgf_drain(self.handle))
 
     def pending(self) -> int:
-        """Requests accepted and not yet answered (queued, computing, or being relayed), and
-        while draining, connections not yet past their first request."""
+        """Requests accepted and not yet answered (being read, queued, computing, or being
+        relayed), and while draining, connections still waiting for their first request (for
+        at most ``first_request_grace_ms``)."""
         return int(self.lib.bgf_pending(self.handle))
 
     def stop(self) -> None:
