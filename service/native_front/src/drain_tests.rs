@@ -166,3 +166,35 @@ fn the_closing_acceptor_refuses_new_connections_before_its_last_accept() {
     assert_eq!(drain.join().unwrap(), 0, "nothing was queued");
     finish(h);
 }
+
+#[test]
+fn the_last_pass_over_the_queue_retries_an_accept_failing_for_want_of_descriptors() {
+    // what the last pass leaves is reset with the listener: out of descriptors for a moment
+    // (three failed accepts, 10 ms apart) must not cost the queue
+    let (from, to) = grace_ms(10_000);
+    let h = start(&config("127.0.0.1:9", &[(from, &to)]));
+    let port = unsafe { bgf_port(h.0) };
+    server(h).shared.hold_accepts.store(true, Ordering::SeqCst);
+    let mut queued: Vec<TcpStream> = (0..2).map(|_| connect(port)).collect();
+    for c in &mut queued {
+        c.write_all(&infer_request(1, 0.5, BIN, "")).unwrap();
+    }
+    thread::sleep(Duration::from_millis(50));
+    server(h).shared.fail_accepts.store(3, Ordering::SeqCst);
+    assert_eq!(unsafe { bgf_drain(h.0) }, 2);
+    assert_eq!(
+        server(h).shared.fail_accepts.load(Ordering::SeqCst),
+        0,
+        "the failures came"
+    );
+    wait_until("both queued", || stats(h)[0] == 2);
+    let mut images = vec![0f32; 64 * 4];
+    let b = next_batch(h, &mut images, 64, 5000);
+    assert_eq!(b.n, 2);
+    complete_ok(h, &b, &images);
+    for c in &mut queued {
+        let all = read_all(c);
+        assert!(all.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&all));
+    }
+    finish(h);
+}

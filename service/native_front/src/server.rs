@@ -57,6 +57,9 @@ pub struct Shared {
     /// Tests: pause this long between the closing acceptor's filter and its last accept.
     #[cfg(test)]
     pub(crate) pause_before_last_accept: Mutex<Duration>,
+    /// Tests: fail this many of the next `accept` calls with EMFILE.
+    #[cfg(test)]
+    pub(crate) fail_accepts: AtomicU64,
 }
 
 /// What the access log and the histogram get about a native answer (the duration and bytes
@@ -257,6 +260,8 @@ impl Server {
             hold_accepts: AtomicBool::new(false),
             #[cfg(test)]
             pause_before_last_accept: Mutex::new(Duration::ZERO),
+            #[cfg(test)]
+            fail_accepts: AtomicU64::new(0),
         });
         let (acc, l, w) = (shared.clone(), listener.clone(), wake.clone());
         let handle = thread::Builder::new()
@@ -376,7 +381,19 @@ fn accept_waiting(shared: &Arc<Shared>, listener: &TcpListener, last: bool) -> u
     let mut n = 0;
     let retry_until = Instant::now() + LAST_ACCEPT_RETRY;
     loop {
-        match listener.accept() {
+        #[cfg(test)]
+        let injected = shared
+            .fail_accepts
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |k| k.checked_sub(1))
+            .is_ok();
+        #[cfg(not(test))]
+        let injected = false;
+        let accepted = if injected {
+            Err(io::Error::from_raw_os_error(24)) // EMFILE
+        } else {
+            listener.accept()
+        };
+        match accepted {
             Ok((stream, addr)) => {
                 n += 1;
                 admit(shared, stream, addr);
