@@ -31,6 +31,7 @@ import pytest
 import torch
 
 from bayesgate.service.app import start_worker
+from bayesgate.service.http_server import REFUSE_SYN_FILTER
 from bayesgate.service.native import ABI_VERSION, load_library
 from bayesgate.service.native_bridge import NativeBridge, start_native_front
 from bayesgate.service.native_build import CRATE, cache_root, find_cargo, library_path
@@ -84,6 +85,18 @@ def test_the_crate_s_own_tests_pass() -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     passed = sum(int(m) for m in re.findall(r"test result: ok\. (\d+) passed", done.stdout))
     assert passed >= 40, done.stdout[-2000:]
+
+
+def test_the_crate_s_syn_filter_is_the_main_port_s() -> None:
+    """The native listener's copy of the SYN-refusing socket filter (``listener.rs``, Rust)
+    is instruction for instruction the main port's (``http_server.REFUSE_SYN_FILTER``): read
+    from the crate's source, so an edit to one side alone fails here."""
+    source = (CRATE / "src" / "listener.rs").read_text()
+    block = source[source.index("const REFUSE_SYN_FILTER") :].split("];", 1)[0]
+    number = r"(0x[0-9A-Fa-f_]+|\d+)"
+    ops = re.findall(rf"op\({number}, {number}, {number}, {number}\)", block)
+    program = tuple(tuple(int(v.replace("_", ""), 0) for v in op) for op in ops)
+    assert program == REFUSE_SYN_FILTER
 
 
 @needs_cargo

@@ -28,48 +28,24 @@ struct SockFilter {
     k: u32,
 }
 
-#[cfg(target_os = "linux")]
-const TCP_SYN: u32 = 0x02;
-#[cfg(target_os = "linux")]
-const TCP_ACK: u32 = 0x10;
-
 /// Run by the kernel on each segment the listening socket receives, the TCP header at offset 0;
 /// returns how many bytes to keep (0 drops). Drops a SYN without ACK (a new connection), keeps
 /// every other segment whole. Instruction for instruction `REFUSE_SYN_FILTER` of
-/// `service/http_server.py`.
+/// `service/http_server.py` (`tests/service/test_native_front.py` compares the two).
 #[cfg(target_os = "linux")]
 const REFUSE_SYN_FILTER: [SockFilter; 5] = [
-    SockFilter {
-        code: 0x30,
-        jt: 0,
-        jf: 0,
-        k: 13,
-    }, // ldb [13]: A = the flags byte
-    SockFilter {
-        code: 0x54,
-        jt: 0,
-        jf: 0,
-        k: TCP_SYN | TCP_ACK,
-    }, // and #0x12
-    SockFilter {
-        code: 0x15,
-        jt: 0,
-        jf: 1,
-        k: TCP_SYN,
-    }, // jeq #0x02, 0, 1: SYN without ACK
-    SockFilter {
-        code: 0x06,
-        jt: 0,
-        jf: 0,
-        k: 0,
-    }, // ret #0: drop it
-    SockFilter {
-        code: 0x06,
-        jt: 0,
-        jf: 0,
-        k: 0xFFFF_FFFF,
-    }, // ret #-1: keep anything else
+    op(0x30, 0, 0, 13),          // ldb [13]            A = the flags byte
+    op(0x54, 0, 0, 0x12),        // and #0x12           A = its SYN and ACK bits
+    op(0x15, 0, 1, 0x02),        // jeq #0x02, 0, 1     SYN without ACK: a new connection
+    op(0x06, 0, 0, 0),           // ret #0              drop it
+    op(0x06, 0, 0, 0xFFFF_FFFF), // ret #-1             keep anything else whole
 ];
+
+/// One instruction, as `(code, jt, jf, k)`.
+#[cfg(target_os = "linux")]
+const fn op(code: u16, jt: u8, jf: u8, k: u32) -> SockFilter {
+    SockFilter { code, jt, jf, k }
+}
 
 #[cfg(target_os = "linux")]
 mod sys {

@@ -231,8 +231,6 @@ pub struct Server {
     listener: Mutex<Option<Arc<TcpListener>>>,
     wake: Arc<Wake>,
     acceptor: Mutex<Option<JoinHandle<usize>>>,
-    /// Connections the acceptor took from the accept queue when it stopped (reported once).
-    taken: Mutex<Option<usize>>,
 }
 
 impl Server {
@@ -273,7 +271,6 @@ impl Server {
             listener: Mutex::new(Some(listener)),
             wake,
             acceptor: Mutex::new(Some(handle)),
-            taken: Mutex::new(None),
         })
     }
 
@@ -296,19 +293,13 @@ impl Server {
     fn close_listener(&self) -> usize {
         self.shared.closing.store(true, Ordering::SeqCst);
         self.wake.wake();
-        // held through the join: a concurrent caller returns once the queue is served
+        // held through the join: a concurrent caller returns once the queue is served; only
+        // the caller that takes the handle gets the count
         let mut acceptor = self.acceptor.lock().unwrap_or_else(|p| p.into_inner());
-        let taken = acceptor.take().map(|h| h.join().unwrap_or(0));
+        let taken = acceptor.take().map_or(0, |h| h.join().unwrap_or(0));
         drop(acceptor);
         self.listener.lock().unwrap_or_else(|p| p.into_inner()).take(); // the socket closes
-        let mut reported = self.taken.lock().unwrap_or_else(|p| p.into_inner());
-        match (taken, reported.is_some()) {
-            (Some(n), false) => {
-                *reported = Some(n);
-                n
-            }
-            _ => 0,
-        }
+        taken
     }
 
     /// Drain: close the listener (serving its accept queue), close connections idle between
@@ -414,7 +405,8 @@ fn accept_waiting(shared: &Arc<Shared>, listener: &TcpListener, last: bool) -> u
 
 /// Serve an accepted connection on a thread of its own (503 `busy_body` over the limit).
 fn admit(shared: &Arc<Shared>, stream: TcpStream, addr: SocketAddr) {
-    // accepted sockets inherit the listener's O_NONBLOCK on some systems (not Linux)
+    // accepted sockets inherit the listener's O_NONBLOCK on the BSDs and macOS (not on Linux)
+    #[cfg(not(target_os = "linux"))]
     let _ = stream.set_nonblocking(false);
     // only the acceptor raises the gauge: the check cannot be overtaken
     if shared.stats.open_connections.load(Ordering::SeqCst) >= shared.max_connections {
