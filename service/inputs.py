@@ -7,10 +7,10 @@ what was expected.
 
 - ``instances``: each image as nested lists in the card's shape (``1×28×28``), the same without
   leading singleton axes (``28×28``), or flat (``784``); finite numbers in the card's range.
-- ``images``: base64 PNG files (optionally a ``data:image/png;base64,`` URL), 8-bit grayscale of
-  the card's height × width, scaled to [0, 1] by ``/255``. Each file is checked chunk by chunk
-  (CRCs, an IEND chunk, image data that inflates to exactly what the image needs) before Pillow
-  decodes it.
+- ``images``: base64 PNG files (optionally a ``data:image/png;base64,`` URL), grayscale (bit
+  depth 1, 2, 4 or 8) of the card's height × width, scaled to [0, 1] (``/255`` at 8 bits). Each
+  file is checked chunk by chunk (CRCs, an IEND chunk, image data that inflates to exactly what
+  the image needs) before Pillow decodes it.
 """
 
 from __future__ import annotations
@@ -194,14 +194,15 @@ def png_header_size(data: bytes) -> tuple[int, int] | None:
 
 
 def decode_png(data: bytes, field: str, shape: Sequence[int]) -> np.ndarray:
-    """PNG bytes → float32 array of ``shape`` in [0, 1] (``pixel / 255``).
+    """PNG bytes → float32 array of ``shape`` in [0, 1] (a sample ``v`` of bit depth ``d`` is
+    ``v / (2**d − 1)``: ``pixel / 255`` at 8 bits).
 
-    The file must be a PNG, 8-bit grayscale (Pillow mode ``L``) and exactly the card's
-    height × width. The size is read from the PNG header before Pillow sees the file, so a
-    decompression bomb (say a 20000×20000 PNG of zeros, 389 kB) is refused without decoding.
-    The whole file is then checked chunk by chunk (:func:`check_png_chunks`: CRCs, an IEND
-    chunk, image data that inflates to exactly the bytes the image needs), so a truncated file
-    or a 28×28 image whose data inflates to megabytes is refused before Pillow decodes it. Any
+    The file must be a grayscale PNG of bit depth 1, 2, 4 or 8 and exactly the card's height ×
+    width. The size is read from the PNG header before Pillow sees the file, so a decompression
+    bomb (say a 20000×20000 PNG of zeros, 389 kB) is refused without decoding. The whole file is
+    then checked chunk by chunk (:func:`check_png_chunks`: IHDR first, CRCs, an IEND chunk, image
+    data that inflates to exactly the bytes the image needs), so a truncated file or a 28×28
+    image whose data inflates to megabytes is refused before Pillow decodes it. Any
     failure of the decoder itself (Pillow's own bomb limit for other formats, corrupt data) is
     an :class:`InvalidInput` (422) too, never a 500.
     """
@@ -214,7 +215,7 @@ def decode_png(data: bytes, field: str, shape: Sequence[int]) -> np.ndarray:
             f"{field}: expected a {height}×{width} image, got {declared[0]}×{declared[1]} "
             f"(images larger than the model's {height}×{width} input are refused before decoding)"
         )
-    if declared is not None:
+    if data.startswith(_PNG_SIGNATURE):  # IHDR elsewhere than first is refused here too
         check_png_chunks(data, field)
     try:
         image = _open_png(data, field, height, width)
@@ -352,7 +353,8 @@ def _check_image_data(stream: bytes, expected: int, field: str) -> None:
 
 
 def _open_png(data: bytes, field: str, height: int, width: int) -> Image.Image:
-    """Open and fully decode ``data``; :class:`InvalidInput` unless an 8-bit PNG of this size."""
+    """Open and fully decode ``data`` as mode ``L``; :class:`InvalidInput` unless a grayscale PNG
+    of this size."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         image = Image.open(io.BytesIO(data))
@@ -363,12 +365,15 @@ def _open_png(data: bytes, field: str, height: int, width: int) -> Image.Image:
             raise InvalidInput(
                 f"{field}: expected a {height}×{width} image, got {size[1]}×{size[0]}"
             )
-        if mode != "L":
+        if mode not in ("L", "1"):
             raise InvalidInput(
-                f"{field}: expected an 8-bit grayscale PNG (mode L), got mode {mode}"
+                f"{field}: expected a grayscale PNG of bit depth 1, 2, 4 or 8 (Pillow mode L or "
+                f"1), got mode {mode}"
             )
         image.load()
-    return image
+    # Pillow scales 2- and 4-bit gray to 0 … 255 in mode L; a 1-bit image (mode 1, as PNG
+    # optimisers save a black-and-white digit) reads as booleans, so it is scaled the same way
+    return image.convert("L") if mode == "1" else image
 
 
 def decode_base64(text: str, field: str) -> bytes:

@@ -60,8 +60,8 @@ def parse_json(body: bytes) -> Any:
     except orjson.JSONDecodeError:
         pass
     try:
-        return json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return json.loads(utf8_json_text(body))
+    except json.JSONDecodeError as exc:
         raise InvalidInput(f"body: not valid JSON ({exc})") from None
     except RecursionError:
         raise InvalidInput("body: JSON nested too deeply") from None
@@ -70,6 +70,27 @@ def parse_json(body: bytes) -> Any:
             raise InvalidInput(f"body: not valid JSON ({exc})") from None
         raise InvalidInput(
             f"body: number too long (an integer of more than {sys.get_int_max_str_digits()} digits)"
+        ) from None
+
+
+def utf8_json_text(body: bytes) -> str:
+    """The body decoded as UTF-8, the only encoding JSON allows between systems (RFC 8259 §8.1);
+    :class:`InvalidInput` otherwise. ``json.loads`` would guess UTF-16 or UTF-32 from the first
+    bytes and read them, and such a body would bypass the byte-level checks made on the UTF-8
+    text (:func:`~bayesgate.service.inputs.may_hold_booleans`). A NUL byte cannot stand in
+    UTF-8 JSON (control characters are escaped inside strings, invalid outside), so it marks a
+    UTF-16/32 body whose text is ASCII — which decodes as UTF-8 without error."""
+    if b"\x00" in body:
+        raise InvalidInput(
+            "body: not valid JSON (JSON must be UTF-8, RFC 8259; this body holds NUL bytes: "
+            "UTF-16 or UTF-32?)"
+        )
+    try:
+        return body.decode("utf-8").removeprefix("\ufeff")  # a BOM may be ignored (§8.1)
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(
+            f"body: not valid JSON (JSON must be UTF-8, RFC 8259; byte {exc.start}, "
+            f"0x{body[exc.start]:02x}, is not UTF-8)"
         ) from None
 
 

@@ -68,7 +68,7 @@ class PredictRequest(BaseModel):
     )
     images: list[str] = Field(
         None,
-        description="base64-encoded PNG files, 8-bit grayscale 28×28 (scaled by /255)",
+        description="base64-encoded PNG files, grayscale (bit depth 1–8) 28×28, scaled to [0, 1]",
         json_schema_extra=schema_only(minItems=1, items=BASE64_PNG),
     )
     mc_samples: int | None = Field(None, ge=1, description=MC_SAMPLES)
@@ -129,7 +129,7 @@ class FileForm(BaseModel):
 
     model_config = ConfigDict(extra="forbid", json_schema_extra=form_fields_not_null)
 
-    file: UploadFile = Field(description="one PNG file, 8-bit grayscale 28×28")
+    file: UploadFile = Field(description="one PNG file, grayscale (bit depth 1–8) 28×28")
     mc_samples: int | None = Field(None, ge=1, description=MC_SAMPLES)
     return_samples: bool = Field(False, description="also return the K×C sampled probabilities")
     seed: int | None = Field(None, ge=0, le=MAX_SEED, description=SEED)

@@ -139,7 +139,7 @@ class AttackRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     image: str | None = Field(
-        None, description="base64 PNG, 8-bit grayscale 28×28 (a data: URL is accepted)"
+        None, description="base64 PNG, grayscale (bit depth 1–8) 28×28 (a data: URL is accepted)"
     )
     instance: list[Any] | None = Field(
         None, description="the image as nested lists (28×28 or 1×28×28) or flat 784, in [0,1]"

@@ -20,6 +20,8 @@ import base64
 import io
 import json
 import random
+import re
+import struct
 import zlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -27,7 +29,7 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
-from hostile_inputs import gray_png, png_idat_bomb, png_without_iend
+from hostile_inputs import PNG_SIGNATURE, gray_png, png_idat_bomb, png_without_iend
 from PIL import Image, PngImagePlugin
 
 from bayesgate.service.errors import InvalidInput
@@ -139,6 +141,41 @@ async def test_a_boolean_in_v2_data_is_not_a_pixel(served: tuple[Any, Any]) -> N
         r = await client.post(INFER, json={"inputs": [tensor], "parameters": {"mc_samples": 2}})
         assert_error(r, 400, "inputs[0].data: expected numbers, got a boolean", where, v2=True)
     assert engine_calls(app) == 0
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-32", "utf-32-be"])
+async def test_a_json_body_not_in_utf8_is_refused(served: tuple[Any, Any], encoding: str) -> None:
+    """JSON between systems is UTF-8 (RFC 8259). ``json.loads`` guesses UTF-16/32 from a body's
+    first bytes and reads it; such a body used to slip a ``true`` past the boolean check (which
+    scans the UTF-8 bytes) and be answered 200 with ``true`` read as pixel 1.0."""
+    app, client = served
+    tensor = {"name": "input", "datatype": "FP32", "shape": [1, 1, 28, 28], "data": [True, *ZEROS]}
+    for route, body, status in (
+        ("/v1/predict", {"instances": [[True, *ZEROS]], "mc_samples": 2}, 422),
+        (INFER, {"inputs": [tensor]}, 400),
+        ("/v1/predict", {"instances": [GOOD]}, 422),  # no boolean: refused all the same
+    ):
+        text = json.dumps(body).encode(encoding)
+        r = await client.post(route, content=text, headers={"content-type": "application/json"})
+        assert_error(r, status, "body: not valid JSON (JSON must be UTF-8", v2=route == INFER)
+    assert engine_calls(app) == 0
+    r = await client.post("/v1/predict", json={"instances": [GOOD], "mc_samples": 2})
+    assert r.status_code == 200, r.text
+
+
+async def test_a_utf8_body_with_a_byte_order_mark_is_read(served: tuple[Any, Any]) -> None:
+    """RFC 8259 lets a parser ignore a UTF-8 BOM (Windows tools write one); orjson refuses it, so
+    such a body takes the ``json`` path — where its booleans must still be caught."""
+    _, client = served
+    headers = {"content-type": "application/json"}
+    good = json.dumps({"instances": [GOOD], "mc_samples": 2, "seed": 1}).encode("utf-8-sig")
+    r = await client.post("/v1/predict", content=good, headers=headers)
+    assert r.status_code == 200, r.text
+    plain = await client.post("/v1/predict", json={"instances": [GOOD], "mc_samples": 2, "seed": 1})
+    assert r.json()["predictions"] == plain.json()["predictions"]
+    bad = json.dumps({"instances": [[True, *ZEROS]]}).encode("utf-8-sig")
+    r = await client.post("/v1/predict", content=bad, headers=headers)
+    assert_error(r, 422, "expected numbers, got a boolean")
 
 
 async def test_integers_zero_and_one_are_still_pixels(served: tuple[Any, Any]) -> None:
@@ -265,6 +302,25 @@ BROKEN_PNGS: list[tuple[str, bytes, list[str]]] = [
 ]
 
 
+TEXT_FIRST = _chunk(b"tEXt", b"Comment\0first")  # a chunk before IHDR: Pillow reads past it
+BROKEN_PNGS += [
+    (
+        "a chunk before IHDR, cut before IEND",
+        png_without_iend(DIGIT[:8] + TEXT_FIRST + DIGIT[8:]),
+        ["the first chunk is not a valid IHDR"],
+    ),
+    (
+        "a chunk before IHDR, IDAT CRC zeroed",
+        DIGIT[:8]
+        + TEXT_FIRST
+        + DIGIT[8 : AT + len(STREAM)]
+        + bytes(4)
+        + DIGIT[AT + len(STREAM) + 4 :],
+        ["the first chunk is not a valid IHDR"],
+    ),
+]
+
+
 @pytest.mark.parametrize(
     ("data", "fragments"), [c[1:] for c in BROKEN_PNGS], ids=[c[0] for c in BROKEN_PNGS]
 )
@@ -298,6 +354,47 @@ def test_well_formed_pngs_pass_the_chunk_walk() -> None:
     decoded = decode_png(interlaced, "f", (1, 28, 28))
     assert np.array_equal(np.rint(decoded[0] * 255).astype(np.uint8), pixels)
     decode_png(pillow_png(pixels) + b"after IEND", "f", (1, 28, 28))
+
+
+def _low_depth_png(levels: np.ndarray, depth: int) -> bytes:
+    """A 28×28 grayscale PNG of bit depth ``depth`` holding the samples ``levels`` (0 … 2^d − 1),
+    rows packed most significant bit first as the PNG format packs them."""
+    rows = []
+    for row in levels:
+        bits = "".join(format(int(v), f"0{depth}b") for v in row)
+        bits += "0" * (-len(bits) % 8)
+        rows.append(b"\0" + int(bits, 2).to_bytes(len(bits) // 8, "big"))
+    header = struct.pack(">IIBBBBB", 28, 28, depth, 0, 0, 0, 0)
+    return (
+        PNG_SIGNATURE
+        + _chunk(b"IHDR", header)
+        + _chunk(b"IDAT", zlib.compress(b"".join(rows)))
+        + _chunk(b"IEND", b"")
+    )
+
+
+@pytest.mark.parametrize("depth", [1, 2, 4])
+def test_a_grayscale_png_of_fewer_bits_reads_as_its_8_bit_twin(depth: int) -> None:
+    """A sample ``v`` of bit depth ``d`` is the pixel ``v / (2^d − 1)`` (PNG spec, sample depth
+    scaling): the same image as the 8-bit PNG of ``round(255 v / (2^d − 1))``. Optimisers save
+    a black-and-white digit at depth 1, which Pillow reads as booleans (mode ``1``)."""
+    top = 2**depth - 1
+    levels = np.random.default_rng(depth).integers(0, top + 1, (28, 28))
+    low = decode_png(_low_depth_png(levels, depth), "f", (1, 28, 28))
+    twin = decode_png(pillow_png((levels * (255 // top)).astype(np.uint8)), "f", (1, 28, 28))
+    assert np.array_equal(low, twin)
+    assert np.array_equal(low[0], (levels / top).astype(np.float32))
+
+
+def test_a_png_of_16_bits_or_colour_is_refused() -> None:
+    for mode in ("I;16", "RGB", "LA", "P"):
+        buffer = io.BytesIO()
+        Image.fromarray(digit_pixels(), "L").convert(mode).save(buffer, format="PNG")
+        with pytest.raises(
+            InvalidInput,
+            match=f"grayscale PNG of bit depth 1, 2, 4 or 8.*got mode {re.escape(mode)}",
+        ):
+            decode_png(buffer.getvalue(), "f", (1, 28, 28))
 
 
 def test_a_png_of_many_chunks_is_refused_early() -> None:
