@@ -89,8 +89,9 @@ def python_level(level: str) -> str:
 def configure_logging(level: str, fmt: str) -> None:
     """Route the ``bayesgate`` loggers to stderr, as JSON or uvicorn-style text (once per process).
 
-    In JSON mode the ``uvicorn`` loggers get the same handler, so that a server's whole stderr is
-    JSON lines (``bayesgate serve`` also hands uvicorn :func:`uvicorn_log_config`).
+    In JSON mode the ``uvicorn`` loggers get the same handler, and the root logger one for every
+    other library's records, so that a server's whole stderr is JSON lines (``bayesgate serve``
+    also hands uvicorn :func:`uvicorn_log_config`).
     """
     names = LOGGERS if fmt == "json" else ("bayesgate",)
     for name in names:
@@ -111,6 +112,38 @@ def configure_logging(level: str, fmt: str) -> None:
         logger.addHandler(handler)
         if name == "uvicorn.error":
             logger.propagate = False
+    _route_other_loggers(names if fmt == "json" else None)
+
+
+class _NotOurs(logging.Filter):
+    """Passes the records of loggers outside ``names`` (those have their own handler)."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        super().__init__()
+        self.prefixes = tuple(f"{n}." for n in names)
+        self.names = frozenset(names)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.name not in self.names and not record.name.startswith(self.prefixes)
+
+
+def _route_other_loggers(names: tuple[str, ...] | None) -> None:
+    """A JSON handler on the root logger for the libraries' own loggers (python-multipart's
+    "Expected boundary character …", grpc's, asyncio's): without one, Python prints their
+    warnings as bare text lines (``logging.lastResort``) among the JSON. Records of ``names``
+    still propagate to the root (pytest's ``caplog`` listens there) but are not printed twice.
+    ``names=None`` (text logs) removes that handler again."""
+    root = logging.getLogger()
+    ours = [h for h in root.handlers if getattr(h, _HANDLER_FLAG, False)]
+    for handler in ours if names is None else ():
+        root.removeHandler(handler)
+    if names is None or ours:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter())
+    handler.addFilter(_NotOurs(names))
+    setattr(handler, _HANDLER_FLAG, True)
+    root.addHandler(handler)
 
 
 def uvicorn_log_config(level: str, fmt: str) -> dict[str, Any] | None:

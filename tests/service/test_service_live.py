@@ -503,15 +503,35 @@ def test_logs_are_json_lines_with_the_request_id(live: dict) -> None:
         f"{server.base}/v1/models/tiny-mlp", headers={"X-Request-ID": "live-log-7"}, trust_env=False
     )
     assert r.headers["x-request-id"] == "live-log-7"
+    # A form whose boundary is not the declared one: python-multipart logs a warning of its own,
+    # which used to reach stderr as a bare text line (Python's last-resort handler).
+    bad_form = httpx.post(
+        f"{server.base}/v1/predict/file",
+        content=b"--XXXX\r\ncontent-disposition: form-data; name=file\r\n\r\nx\r\n--XXXX--\r\n",
+        headers={
+            "content-type": "multipart/form-data; boundary=AAAA",
+            "X-Request-ID": "live-log-8",
+        },
+        trust_env=False,
+    )
+    assert bad_form.status_code == 422, bad_form.text
     deadline = time.monotonic() + 5
     while True:
         records = server.log_records()  # every line must parse as JSON
         mine = [rec for rec in records if rec.get("request_id") == "live-log-7"]
-        if mine or time.monotonic() > deadline:
+        library = [
+            rec
+            for rec in records
+            if rec.get("request_id") == "live-log-8"
+            and rec["logger"].startswith("python_multipart")
+        ]
+        if (mine and library) or time.monotonic() > deadline:
             break
         time.sleep(0.1)
     assert len(mine) == 1
     assert mine[0]["route"] == "/v1/models/{name}" and mine[0]["status"] == 200
+    assert library and library[0]["level"] == "warning", library
+    assert "boundary" in library[0]["message"]
     assert {rec["logger"] for rec in records} >= {
         "bayesgate.access",
         "bayesgate.service",
