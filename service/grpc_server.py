@@ -221,21 +221,28 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         try:
-            return await self._infer(request)
+            return await self._infer(request, context.time_remaining())
         except ServiceError as exc:
             if status_code(exc) in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNAVAILABLE):
                 log.warning("gRPC ModelInfer %s: %s", exc.code, exc.message)
             await context.abort(status_code(exc), exc.message)
 
-    async def _infer(self, request: Any) -> Any:
+    async def _infer(self, request: Any, time_remaining: float | None = None) -> Any:
+        """``time_remaining``: seconds to the client's deadline (None: it set none). The job's
+        deadline is the sooner of it and the request timeout, so a job whose caller has given up
+        is not computed; a call the client cancels cancels this coroutine, and the worker then
+        drops its job (:meth:`~bayesgate.service.worker.BatchWorker.predict`)."""
         settings = self.state.settings
+        timeout_s = settings.request_timeout_s
+        if time_remaining is not None:
+            timeout_s = min(timeout_s, max(0.0, time_remaining))
         served = self._model(request.model_name)  # served while draining, like HTTP
         payload, blob = request_payload(request)
         body = validated(self.infer_request, payload)
         parsed = parse_infer_request(body, served, settings.max_instances, blob)
         k = default_mc_samples(settings, served) if parsed.mc_samples is None else parsed.mc_samples
         predictions = await self.state.worker.predict(
-            parsed.x, k, seed=parsed.seed, timeout_s=settings.request_timeout_s
+            parsed.x, k, seed=parsed.seed, timeout_s=timeout_s
         )
         return infer_reply(infer_response(predictions, parsed, k))
 

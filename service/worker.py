@@ -346,8 +346,9 @@ class BatchWorker:
 
         The deadline is ``arrived + timeout_s`` (``arrived``: ``time.monotonic()`` when the request
         reached the server; default now). ``client_gone()`` completes when the client hangs up: the
-        job is then cancelled (dropped if not yet running) and :class:`ClientGone` raised. The
-        request's ``reservation`` (:meth:`reserve`) becomes the job's queued work.
+        job is then cancelled (dropped if not yet running) and :class:`ClientGone` raised; so is
+        it when this coroutine itself is cancelled. The request's ``reservation``
+        (:meth:`reserve`) becomes the job's queued work.
         """
         deadline = (time.monotonic() if arrived is None else arrived) + timeout_s
         late = DeadlineExceeded(
@@ -371,6 +372,9 @@ class BatchWorker:
             done, _ = await asyncio.wait(
                 waiting, timeout=deadline - time.monotonic(), return_when=asyncio.FIRST_COMPLETED
             )
+        except asyncio.CancelledError:
+            self._abandon(job, answer)
+            raise
         finally:
             if watcher is not None and not watcher.done():
                 watcher.cancel()
@@ -378,12 +382,25 @@ class BatchWorker:
             return answer.result()
         job.dropped = "client_gone" if watcher is not None and watcher in done else "deadline"
         if not job.future.cancel():  # running: never answer while it is being computed
-            result = await self._stopped(job, answer)
+            try:
+                result = await self._stopped(job, answer)
+            except asyncio.CancelledError:
+                self._abandon(job, answer)
+                raise
             if result is not None and job.dropped == "deadline":
                 return result  # its last layer ran before the worker's next check
         if job.dropped == "client_gone":
             raise ClientGone("the client closed the connection before the answer")
         raise late
+
+    def _abandon(self, job: Job, answer: asyncio.Future[list[Prediction]]) -> None:
+        """The waiting request was cancelled (a gRPC client cancelled its call or its deadline
+        passed: grpc.aio cancels the handler): nobody will read the answer, so the job is dropped
+        like one whose client hung up — never computed if still queued, stopped before its next
+        layer if running (:meth:`_check`) — and its answer, if one comes, is read and dropped."""
+        job.dropped = job.dropped or "client_gone"
+        job.future.cancel()
+        answer.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     async def _stopped(
         self, job: Job, answer: asyncio.Future[list[Prediction]]

@@ -248,6 +248,29 @@ async def test_jobs_of_gone_or_late_clients_are_dropped_never_computed(
         assert dropped(app, "client_gone") == 1 and dropped(app, "deadline") == 1
 
 
+async def test_a_cancelled_request_drops_its_job(
+    serving: Callable[[Settings], Any], make_settings: Callable[..., Settings]
+) -> None:
+    """A request whose own coroutine is cancelled (grpc.aio cancels a call's handler when the
+    client cancels it or its deadline passes) drops its job as a gone client's, and leaves no
+    unread exception behind; the job queued beside it is answered."""
+    async with serving(make_settings(max_batch_size=64)) as (app, _):
+        worker, engine, first = await held_worker(app)
+        cancelled = asyncio.create_task(
+            worker.predict(torch.zeros(3, 1, 28, 28), 1, timeout_s=WAIT_S)
+        )
+        kept = asyncio.create_task(worker.predict(torch.zeros(7, 1, 28, 28), 1, timeout_s=WAIT_S))
+        await until(lambda: worker.queue_depth() == 2)
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        engine.release()
+        assert len(await kept) == 7
+        await first
+        assert engine.calls == [1, 7]  # the cancelled 3-image job never reached the engine
+        assert dropped(app, "client_gone") == 1
+
+
 async def test_a_job_that_cannot_finish_before_its_deadline_is_not_started(
     serving: Callable[[Settings], Any], make_settings: Callable[..., Settings]
 ) -> None:

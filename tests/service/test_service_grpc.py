@@ -145,3 +145,60 @@ async def test_grpc_is_off_by_default_and_stops_with_the_app(
     finally:
         await grpc.close()
     assert gone.value.status() in ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED")
+
+
+async def test_a_grpc_call_given_up_by_its_client_is_not_computed(
+    serving: Callable[[Settings], Any], make_settings: Callable[..., Settings]
+) -> None:
+    """The client's deadline bounds the job (``time_remaining``), and a call the client cancels
+    drops its job: queued behind a held engine call, a 2-image call whose 0.3-s deadline passes
+    is never computed; a 3-image call held in the engine past its deadline is stopped before its
+    next layer. Before, both were computed for nobody and counted nowhere."""
+    from test_service_admission import WAIT_S, until
+    from test_service_admission_computing import LayerGate, dropped
+    from tritonclient.utils import InferenceServerException
+
+    settings = make_settings(grpc_port=0, max_batch_size=64, request_timeout_s=WAIT_S)
+    async with serving(settings) as (app, _):
+        worker = app.state.worker
+        grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{app.state.grpc_port}")
+        x = np.random.default_rng(0).random((3, 1, 28, 28), dtype=np.float32)
+        succeeded = worker.stats.snapshot()["requests_succeeded"]
+        try:
+            with LayerGate(worker.model.network, rows=4).installed() as gate:
+                busy = asyncio.create_task(worker.predict(torch.rand(4, 1, 28, 28), 1))
+                await until(gate.entered.is_set)
+                with pytest.raises(InferenceServerException) as queued:
+                    await grpc.infer("tiny-mlp", [_input(x[:2])], client_timeout=0.3)
+                await asyncio.sleep(0.2)  # the server side gives up too
+                gate.release()
+                await busy
+                await asyncio.sleep(0.3)
+            assert queued.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+            assert gate.first_layer_rows == [4]  # the 2-image job never reached the engine
+            gone = dropped(app, "deadline", "queued") + dropped(app, "client_gone", "queued")
+            assert gone == 1
+
+            with LayerGate(worker.model.network, rows=3).installed() as gate:
+                call = asyncio.create_task(
+                    grpc.infer(
+                        "tiny-mlp", [_input(x)], parameters={"mc_samples": 1}, client_timeout=0.3
+                    )
+                )
+                await until(gate.entered.is_set)
+                with pytest.raises(InferenceServerException) as computing:
+                    await call
+                await asyncio.sleep(0.2)
+                gate.release()
+                await until(
+                    lambda: (
+                        dropped(app, "deadline", "computing")
+                        + dropped(app, "client_gone", "computing")
+                        == 1
+                    )
+                )
+            assert computing.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+            assert gate.last_layer_runs == 0  # stopped before its next layer
+            assert worker.stats.snapshot()["requests_succeeded"] == succeeded + 1  # `busy` only
+        finally:
+            await grpc.close()
