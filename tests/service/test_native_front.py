@@ -596,3 +596,63 @@ def test_requests_relayed_through_the_drain_delay_are_answered_not_502(
     # 2 × REFUSE_LEAD_S before the 1.0 s delay ends, and before uvicorn's shutdown begins
     assert signalled < refusing < at("Shutting down")[0], messages
     assert (t1 - t0).total_seconds() >= 0.5 - 0.01, (t0, t1)
+
+
+# --- what the main port answers at once ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def both_ports(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[int, int]]:
+    """A real service with its native port: ``(main port, native port)``."""
+    if find_cargo() is None:
+        pytest.skip("cargo (Rust) is not installed")
+    native_port = free_port()
+    server = start_server(tiny_model_dir, tmp_path_factory.mktemp("both"), native_port=native_port)
+    try:
+        yield server.port, native_port
+    finally:
+        assert server.stop() == 0
+
+
+def exchange(port: int, data: bytes, wait: float = 8.0) -> tuple[bytes, float | None]:
+    """Send ``data`` on a new connection and read until the server closes it: what came back,
+    and the seconds until the close (None: still open after ``wait`` seconds)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=wait) as sock:
+        began = time.monotonic()
+        sock.sendall(data)
+        got = b""
+        try:
+            while True:
+                sock.settimeout(max(0.01, began + wait - time.monotonic()))
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                got += chunk
+        except TimeoutError:
+            return got, None
+        except ConnectionResetError:
+            pass  # after the answer: what was read is the answer
+        return got, time.monotonic() - began
+
+
+def status_and_body(answer: bytes) -> tuple[int, bytes]:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), body
+
+
+def test_a_relayed_request_whose_body_never_comes_is_closed_after_its_answer(
+    both_ports: tuple[int, int],
+) -> None:
+    """``Content-Length: 9000000`` and no body, a request pipelined behind it (body bytes, to
+    HTTP): both ports answer the service's 413 at once and nothing more, and the native port
+    closes the connection right after it (it used to wait for the body until its read timeout,
+    30 s, with the connection open)."""
+    main, native = both_ports
+    head = b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Length: 9000000\r\n\r\n"
+    pipelined = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    (a, _), (b, closed) = exchange(main, head + pipelined), exchange(native, head + pipelined)
+    assert status_and_body(a) == status_and_body(b) and status_and_body(b)[0] == 413, (a, b)
+    assert b.count(b"HTTP/1.1 ") == 1, b
+    assert closed is not None and closed < 3, closed

@@ -33,6 +33,8 @@ mod drain_tests;
 #[cfg(test)]
 mod fuzz_tests;
 #[cfg(test)]
+mod hostile_tests;
+#[cfg(test)]
 mod roundtrip_tests;
 #[cfg(test)]
 mod roundtrip_v2_tests;

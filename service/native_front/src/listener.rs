@@ -94,30 +94,6 @@ pub fn refuse_new_connections(_listener: &TcpListener) -> bool {
     false
 }
 
-#[cfg(unix)]
-mod poll_sys {
-    use std::ffi::{c_int, c_short};
-
-    /// `nfds_t`: unsigned long on Linux, unsigned int on the BSDs and macOS.
-    #[cfg(target_os = "linux")]
-    pub type Nfds = std::ffi::c_ulong;
-    #[cfg(not(target_os = "linux"))]
-    pub type Nfds = std::ffi::c_uint;
-
-    pub const POLLIN: c_short = 0x001;
-
-    #[repr(C)]
-    pub struct PollFd {
-        pub fd: c_int,
-        pub events: c_short,
-        pub revents: c_short,
-    }
-
-    extern "C" {
-        pub fn poll(fds: *mut PollFd, nfds: Nfds, timeout: c_int) -> c_int;
-    }
-}
-
 /// Ends the acceptor's wait from another thread: one end of a socket pair is written, the
 /// acceptor polls the other beside its listener.
 #[derive(Debug)]
@@ -154,7 +130,7 @@ impl Wake {
     pub fn wait(&self, listener: &TcpListener) -> bool {
         #[cfg(unix)]
         {
-            use poll_sys::{poll, PollFd, POLLIN};
+            use crate::peer::poll_sys::{poll, PollFd, POLLIN};
             use std::os::fd::AsRawFd;
             loop {
                 let mut fds = [

@@ -1,6 +1,10 @@
 //! Socket checks that std does not offer: has the client closed its side, has it sent bytes not
-//! read yet. Linux only (`recv` with `MSG_PEEK | MSG_DONTWAIT`, declared here — std links libc);
-//! elsewhere a client is taken as present and as having sent nothing.
+//! read yet, and a wait for a client's bytes that ends when another connection's peer closes.
+//! Linux only (`recv` with `MSG_PEEK | MSG_DONTWAIT`, `poll` with `POLLRDHUP`, declared here —
+//! std links libc); elsewhere a client is taken as present and as having sent nothing, and the
+//! wait is left to the blocking read.
+
+use std::time::Duration;
 
 /// A connection's raw descriptor (-1 where there is none).
 pub type Fd = i32;
@@ -43,6 +47,33 @@ mod sys {
     }
 }
 
+#[cfg(unix)]
+pub(crate) mod poll_sys {
+    use std::ffi::{c_int, c_short};
+
+    /// `nfds_t`: unsigned long on Linux, unsigned int on the BSDs and macOS.
+    #[cfg(target_os = "linux")]
+    pub type Nfds = std::ffi::c_ulong;
+    #[cfg(not(target_os = "linux"))]
+    pub type Nfds = std::ffi::c_uint;
+
+    pub const POLLIN: c_short = 0x001;
+    /// The peer closed its sending side (Linux).
+    #[cfg(target_os = "linux")]
+    pub const POLLRDHUP: c_short = 0x2000;
+
+    #[repr(C)]
+    pub struct PollFd {
+        pub fd: c_int,
+        pub events: c_short,
+        pub revents: c_short,
+    }
+
+    extern "C" {
+        pub fn poll(fds: *mut PollFd, nfds: Nfds, timeout: c_int) -> c_int;
+    }
+}
+
 /// Peek at `fd` without blocking or consuming anything.
 #[cfg(target_os = "linux")]
 pub fn peek(fd: Fd) -> Peek {
@@ -72,6 +103,76 @@ pub fn peek(_fd: Fd) -> Peek {
 /// True when the client has closed its side of the connection.
 pub fn client_gone(fd: Fd) -> bool {
     peek(fd) == Peek::Closed
+}
+
+/// What [`wait_readable`] saw first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ready {
+    /// The descriptor waited on can be read without blocking (bytes, its end, or an error).
+    Readable,
+    /// The watched connection's peer closed its side (or reset it).
+    WatchedClosed,
+    /// Neither within the timeout.
+    TimedOut,
+}
+
+/// Wait until `fd` can be read without blocking, or until the peer of the connection `watched`
+/// has closed its sending side (`POLLRDHUP`) or reset it, at most `timeout` (None: no bound).
+/// The watched side wins when both are so. A relay waits so for its client's body beside its
+/// upstream connection. Off Linux: [`Ready::Readable`] at once (the caller's blocking read
+/// waits, under the socket's own timeout; `watched` is not watched).
+#[cfg(target_os = "linux")]
+pub fn wait_readable(fd: Fd, watched: Fd, timeout: Option<Duration>) -> Ready {
+    use poll_sys::{poll, PollFd, POLLIN, POLLRDHUP};
+    use std::time::Instant;
+    let deadline = timeout.map(|t| Instant::now() + t);
+    loop {
+        // milliseconds rounded up: a wait cut short by rounding would spin
+        let ms = match deadline {
+            None => -1,
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                left.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as i32
+            }
+        };
+        let mut fds = [
+            PollFd {
+                fd,
+                events: POLLIN,
+                revents: 0,
+            },
+            PollFd {
+                fd: watched,
+                events: POLLRDHUP,
+                revents: 0,
+            },
+        ];
+        // SAFETY: two valid pollfd structs; the caller keeps both descriptors open for the call
+        // (a negative one is ignored by poll).
+        let r = unsafe { poll(fds.as_mut_ptr(), 2, ms) };
+        if r < 0 {
+            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Ready::Readable; // let the read report what is wrong
+        }
+        // POLLRDHUP, or what poll always reports: POLLHUP / POLLERR (a reset), POLLNVAL
+        if fds[1].revents != 0 {
+            return Ready::WatchedClosed;
+        }
+        if fds[0].revents != 0 {
+            return Ready::Readable;
+        }
+        if r == 0 {
+            return Ready::TimedOut;
+        }
+    }
+}
+
+/// Not Linux: [`Ready::Readable`] at once.
+#[cfg(not(target_os = "linux"))]
+pub fn wait_readable(_fd: Fd, _watched: Fd, _timeout: Option<Duration>) -> Ready {
+    Ready::Readable
 }
 
 /// `shutdown(fd, SHUT_RD)` without taking ownership of the descriptor: a thread blocked reading
@@ -128,6 +229,29 @@ mod tests {
         wait_for(fd, Peek::Closed);
         assert!(client_gone(fd));
         assert_eq!(peek(-1), Peek::Quiet);
+    }
+
+    #[test]
+    fn a_wait_ends_on_bytes_on_the_watched_peer_s_close_or_the_timeout() {
+        let (mut c, s) = pair();
+        let (mut w_peer, w) = pair();
+        let t0 = Instant::now();
+        let wait = |ms| wait_readable(fd_of(&s), fd_of(&w), Some(Duration::from_millis(ms)));
+        assert_eq!(wait(100), Ready::TimedOut);
+        assert!(t0.elapsed() >= Duration::from_millis(100));
+        w_peer.write_all(b"answer").unwrap(); // bytes from the watched peer are not its close
+        assert_eq!(wait(100), Ready::TimedOut);
+        c.write_all(b"x").unwrap();
+        assert_eq!(wait(5000), Ready::Readable);
+        w_peer.shutdown(Shutdown::Write).unwrap();
+        assert_eq!(wait(5000), Ready::WatchedClosed, "the watched side wins");
+        let (_c2, s2) = pair();
+        drop(w_peer);
+        assert_eq!(
+            wait_readable(fd_of(&s2), fd_of(&w), None),
+            Ready::WatchedClosed,
+            "unbounded: ends at the close"
+        );
     }
 
     #[test]

@@ -5,9 +5,11 @@
 //! (a `Content-Length` body, or a chunked body read to its end — chunk lines, data and
 //! trailers forwarded raw). The upstream response is copied to the client unchanged, to EOF,
 //! concurrently with the body upload (so an interim `100 Continue` or an early 413 reaches
-//! the client). The caller closes the client connection afterwards.
+//! the client). The upload stops once the upstream has closed its side ([`ClientBody`]). The
+//! caller closes the client connection afterwards.
 
 use crate::http::{self, Framing, Head};
+use crate::peer::{self, Fd, Ready};
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::thread;
@@ -103,6 +105,32 @@ pub fn upstream_head(head: &Head) -> Vec<u8> {
     out
 }
 
+/// The client's side of a relayed body. A read waits for the client's next bytes (at most
+/// `timeout`) and ends, `upstream_done` set, once the upstream has closed its side: it was sent
+/// `Connection: close`, so it has answered (an early 413, say) and reads none of the rest. A
+/// client that reads that answer before sending more never sends it, and waiting for it held
+/// the answered connection open until the read timeout (with a request pipelined behind it
+/// unanswered); the main port closes such a connection after its answer.
+struct ClientBody<'a> {
+    client: &'a mut TcpStream,
+    upstream: Fd,
+    timeout: Option<Duration>,
+    upstream_done: bool,
+}
+
+impl Read for ClientBody<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match peer::wait_readable(peer::fd_of(self.client), self.upstream, self.timeout) {
+            Ready::Readable => self.client.read(buf),
+            Ready::TimedOut => Err(io::ErrorKind::TimedOut.into()),
+            Ready::WatchedClosed => {
+                self.upstream_done = true;
+                Err(io::Error::other("the service has answered and closed"))
+            }
+        }
+    }
+}
+
 /// What happened to a relayed request.
 #[derive(Debug, PartialEq, Eq)]
 pub enum RelayOutcome {
@@ -165,6 +193,12 @@ pub fn relay(upstream: &str, client: &mut TcpStream, head: &Head, framing: Frami
         _ => None,
     };
     let mut malformed = false;
+    let mut body = ClientBody {
+        timeout: client.read_timeout().ok().flatten(),
+        client,
+        upstream: peer::fd_of(&up),
+        upstream_done: false,
+    };
     let upload = (|| -> io::Result<()> {
         let mut first = upstream_head(head);
         match framing {
@@ -174,14 +208,17 @@ pub fn relay(upstream: &str, client: &mut TcpStream, head: &Head, framing: Frami
                 first.extend_from_slice(&buffered[..now]);
                 up.write_all(&first)?;
                 let rest = n - now as u64;
-                if rest > 0 && io::copy(&mut (&mut *client).take(rest), &mut up)? != rest {
-                    return Err(io::ErrorKind::UnexpectedEof.into());
+                if rest > 0 {
+                    let mut reader = BufReader::with_capacity(64 * 1024, (&mut body).take(rest));
+                    if io::copy(&mut reader, &mut up)? != rest {
+                        return Err(io::ErrorKind::UnexpectedEof.into());
+                    }
                 }
                 Ok(())
             }
             Framing::Chunked => {
                 up.write_all(&first)?;
-                let mut reader = BufReader::new(buffered.chain(&mut *client));
+                let mut reader = BufReader::new(buffered.chain(&mut body));
                 match copy_chunked(&mut reader, &mut up) {
                     Ok(_) => Ok(()),
                     Err(ChunkedError::Malformed) => {
@@ -196,12 +233,13 @@ pub fn relay(upstream: &str, client: &mut TcpStream, head: &Head, framing: Frami
     if upload.is_err() && malformed {
         let _ = up.shutdown(Shutdown::Both);
     } else if let Err(e) = upload {
-        // the client went away mid-body: nothing to answer; an upstream write error (it
-        // answered early, e.g. 413) still lets its response through
-        if e.kind() == io::ErrorKind::UnexpectedEof
-            || e.kind() == io::ErrorKind::TimedOut
-            || e.kind() == io::ErrorKind::WouldBlock
-        {
+        // the client went away mid-body: nothing to answer; an upstream write error or the
+        // upstream's close (it answered early, e.g. 413) still lets its response through
+        let client_gone = matches!(
+            e.kind(),
+            io::ErrorKind::UnexpectedEof | io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+        );
+        if client_gone && !body.upstream_done {
             let _ = up.shutdown(Shutdown::Both);
         }
     }

@@ -1,0 +1,80 @@
+//! Loopback tests of requests the main port answers at once, which the native port must not
+//! hold for its read timeout: a relayed request whose body never comes once the service has
+//! answered it. The read timeout is long here (20 s): a test that waits for it fails its time
+//! bound.
+
+use crate::roundtrip_tests::start;
+use crate::roundtrip_v2_tests::{config, finish};
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// The test configuration with a 20 s read timeout and `extra` keys; returns (handle, port).
+fn start_front(upstream: &str, extra: &str) -> (crate::roundtrip_tests::H, u16) {
+    let keys = format!("\"pid\":4242,\"read_timeout_ms\":20000{extra}");
+    let h = start(&config(upstream, &[("\"pid\":4242", &keys)]));
+    let port = unsafe { crate::ffi::bgf_port(h.0) };
+    (h, port)
+}
+
+/// Write `bytes` on a new connection, then read until the front end closes it: what came
+/// back, and how long the close took.
+fn exchange(port: u16, bytes: &[u8]) -> (Vec<u8>, Duration) {
+    let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let began = Instant::now();
+    c.write_all(bytes).unwrap();
+    let mut got = Vec::new();
+    let _ = c.read_to_end(&mut got); // a reset after the answer still leaves the answer read
+    (got, began.elapsed())
+}
+
+/// An upstream that reads one request's head, answers 413 with `connection: close` at once
+/// without reading a body, then half-closes and keeps reading until its peer closes (uvicorn's
+/// lingering close). Returns its address and the thread (yielding what it read).
+fn early_answering_upstream() -> (String, thread::JoinHandle<Vec<u8>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let t = thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut req = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = s.read(&mut buf).unwrap();
+            assert!(n > 0);
+            req.extend_from_slice(&buf[..n]);
+        }
+        s.write_all(b"HTTP/1.1 413 Request Entity Too Large\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}")
+            .unwrap();
+        s.shutdown(Shutdown::Write).unwrap();
+        while matches!(s.read(&mut buf), Ok(n) if n > 0) {}
+        req
+    });
+    (addr, t)
+}
+
+#[test]
+fn a_relay_ends_when_the_service_has_answered_and_closed() {
+    // The service answers a 9 MB body's head with 413 before the body (which never comes) and
+    // closes its side. The relay used to keep waiting for that body until the read timeout,
+    // holding the answered connection open (and a request pipelined behind it unanswered);
+    // now it stops uploading, and the client gets the 413 and the end of the stream at once.
+    let (upstream, up_thread) = early_answering_upstream();
+    let (h, port) = start_front(&upstream, "");
+    let head = b"POST /v1/predict HTTP/1.1\r\nHost: t\r\nContent-Length: 9000000\r\n\r\n";
+    let mut request = head.to_vec();
+    request.extend_from_slice(b"GET /v1/health HTTP/1.1\r\nHost: t\r\n\r\n"); // body bytes, in fact
+    let (got, took) = exchange(port, &request);
+    assert_eq!(
+        got,
+        b"HTTP/1.1 413 Request Entity Too Large\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}",
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+    assert!(took < Duration::from_secs(5), "closed after {took:?}");
+    let seen = up_thread.join().unwrap();
+    assert!(seen.starts_with(b"POST /v1/predict HTTP/1.1\r\n"));
+    finish(h);
+}
