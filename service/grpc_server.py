@@ -40,6 +40,7 @@ from bayesgate.service.errors import (
     ServiceError,
 )
 from bayesgate.service.inference_protocol import (
+    check_version,
     infer_request_model,
     infer_response,
     model_config,
@@ -87,13 +88,22 @@ def _set_parameter(p: Any, value: Any) -> None:
         p.string_param = str(value)
 
 
+def _parameters(parameters: Any) -> dict[str, Any]:
+    """``{"parameters": {...}}`` of a protobuf parameter map, or ``{}`` when it is empty."""
+    if not parameters:
+        return {}
+    return {"parameters": {k: _parameter(v) for k, v in parameters.items()}}
+
+
 def request_payload(request: Any) -> tuple[dict[str, Any], memoryview]:
-    """A ``ModelInferRequest`` as the JSON payload of ``/v2`` infer plus its binary part."""
+    """A ``ModelInferRequest`` as the JSON payload of ``/v2`` infer plus its binary part: every
+    parameter goes through (so an unknown one is refused as on HTTP), a ``binary_data_size`` the
+    client gave is kept (and checked against the raw bytes), and an input may have raw bytes or
+    ``contents``, not both."""
     payload: dict[str, Any] = {"inputs": []}
     if request.id:
         payload["id"] = request.id
-    if request.parameters:
-        payload["parameters"] = {k: _parameter(v) for k, v in request.parameters.items()}
+    payload.update(_parameters(request.parameters))
     raw = list(request.raw_input_contents)
     for i, tensor in enumerate(request.inputs):
         item: dict[str, Any] = {
@@ -101,10 +111,14 @@ def request_payload(request: Any) -> tuple[dict[str, Any], memoryview]:
             "datatype": tensor.datatype,
             "shape": list(tensor.shape),
         }
-        if tensor.parameters:
-            item["parameters"] = {k: _parameter(v) for k, v in tensor.parameters.items()}
+        item.update(_parameters(tensor.parameters))
         if i < len(raw):
-            item.setdefault("parameters", {})["binary_data_size"] = len(raw[i])
+            if tensor.HasField("contents"):
+                raise InvalidInput(
+                    f"inputs[{i}]: give either contents or raw_input_contents, not both"
+                )
+            # a size the client gave is checked against the bytes, as on HTTP
+            item.setdefault("parameters", {}).setdefault("binary_data_size", len(raw[i]))
         else:
             item["data"] = list(tensor.contents.fp32_contents)
         payload["inputs"].append(item)
@@ -113,7 +127,9 @@ def request_payload(request: Any) -> tuple[dict[str, Any], memoryview]:
             f"raw_input_contents: {len(raw)} entries for {len(request.inputs)} input(s)"
         )
     if request.outputs:
-        payload["outputs"] = [{"name": o.name} for o in request.outputs]
+        payload["outputs"] = [
+            {"name": o.name, **_parameters(o.parameters)} for o in request.outputs
+        ]
     return payload, memoryview(raw[0] if raw else b"")
 
 
@@ -167,6 +183,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelReady(self, request: Any, context: Any) -> Any:
         try:
             self._model(request.name, ready=True)
+            check_version(request.name, request.version)
         except NotReady:
             return pb.ModelReadyResponse(ready=False)
         except ServiceError as exc:
@@ -183,6 +200,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelMetadata(self, request: Any, context: Any) -> Any:
         try:
             meta = model_metadata(self._model(request.name))
+            check_version(request.name, request.version)
         except ServiceError as exc:
             await context.abort(status_code(exc), exc.message)
         reply = pb.ModelMetadataResponse(
@@ -197,6 +215,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelConfig(self, request: Any, context: Any) -> Any:
         try:
             config = model_config(self._model(request.name), self.state.settings.max_instances)
+            check_version(request.name, request.version)
         except ServiceError as exc:
             await context.abort(status_code(exc), exc.message)
         message = config_pb.ModelConfig(
@@ -237,6 +256,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         if time_remaining is not None:
             timeout_s = min(timeout_s, max(0.0, time_remaining))
         served = self._model(request.model_name)  # served while draining, like HTTP
+        check_version(served.name, request.model_version)
         payload, blob = request_payload(request)
         body = validated(self.infer_request, payload)
         parsed = parse_infer_request(body, served, settings.max_instances, blob)

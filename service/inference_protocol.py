@@ -63,7 +63,12 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from bayesgate.service.errors import InvalidInput, describe_validation_errors, out_of_range
+from bayesgate.service.errors import (
+    InvalidInput,
+    ModelNotFound,
+    describe_validation_errors,
+    out_of_range,
+)
 from bayesgate.service.inputs import check_values, kind_text, may_hold_booleans, reject_booleans
 from bayesgate.service.oip_binary import HEADER_NAME, check_consumed, split_body, tensor_from_bytes
 from bayesgate.service.prediction import Prediction
@@ -271,6 +276,17 @@ def output_table(serving: ServedModel) -> dict[str, tuple[str, tuple[str, ...]]]
     :data:`OUTPUTS` (the detector's), FP32 per instance."""
     extra = {name: ("FP32", ()) for name in serving.score_names if name not in OUTPUTS}
     return {**OUTPUTS, "score": ("FP32", ()), **extra}
+
+
+def check_version(name: str, version: str) -> None:
+    """The served model has no versions (its metadata lists none, so clients address it without
+    one): a request naming a version is :class:`ModelNotFound`, as Triton answers a version it
+    does not hold — on HTTP (``/v2/models/{name}/versions/{version}/…``) and gRPC alike."""
+    if version:
+        raise ModelNotFound(
+            f"model {name!r} has no version {version!r}: this server's model is unversioned (its "
+            "metadata lists no versions); leave the version out"
+        )
 
 
 def model_metadata(serving: ServedModel) -> dict[str, Any]:

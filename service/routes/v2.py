@@ -35,6 +35,7 @@ from bayesgate.service.inference_protocol import (
     ModelReadyResponse,
     ReadyResponse,
     ServerMetadata,
+    check_version,
     infer_request_model,
     model_config,
     model_metadata,
@@ -127,6 +128,19 @@ def add_metadata_routes(router: APIRouter) -> None:
     async def model_ready(served: ReadyNamedDep) -> dict[str, Any]:
         """200 when the model takes traffic; 503 while loading or draining."""
         return {"name": served.name, "ready": True}
+
+    @router.api_route(
+        "/models/{name}/versions/{version}/{rest:path}",
+        methods=["GET", "POST"],
+        include_in_schema=False,
+    )
+    @router.api_route(
+        "/models/{name}/versions/{version}", methods=["GET", "POST"], include_in_schema=False
+    )
+    async def versioned(served: NamedDep, version: str) -> None:
+        """The OIP's versioned paths: 404 naming the version (the model has none), where a bare
+        "Not Found" used to answer."""
+        check_version(served.name, version)
 
 
 def add_config_route(router: APIRouter, max_instances: int) -> None:

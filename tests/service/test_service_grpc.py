@@ -202,3 +202,63 @@ async def test_a_grpc_call_given_up_by_its_client_is_not_computed(
             assert worker.stats.snapshot()["requests_succeeded"] == succeeded + 1  # `busy` only
         finally:
             await grpc.close()
+
+
+async def test_grpc_refuses_what_http_v2_refuses(
+    serving: Callable[[Settings], Any], make_settings: Callable[..., Settings]
+) -> None:
+    """The protobuf request goes through the ``/v2`` checks whole: a model version (the model
+    has none), raw bytes and ``contents`` together, a ``binary_data_size`` that is not the raw
+    bytes' size and an unknown output parameter are refused on gRPC as on HTTP — where they used
+    to be ignored, overwritten or dropped."""
+    import grpc as grpc_lib
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+    x = np.full((1, 1, 28, 28), 0.5, np.float32)
+
+    def request(**changes: Any) -> Any:
+        message = pb.ModelInferRequest(model_name="tiny-mlp")
+        tensor = message.inputs.add(name="input", datatype="FP32", shape=[1, 1, 28, 28])
+        message.raw_input_contents.append(x.tobytes())
+        for key, value in changes.items():
+            if key == "version":
+                message.model_version = value
+            elif key == "contents":
+                tensor.contents.fp32_contents.extend(x.ravel().tolist())
+            elif key == "size":
+                tensor.parameters["binary_data_size"].int64_param = value
+            elif key == "output_parameter":
+                message.outputs.add(name="label").parameters["classification"].int64_param = 3
+        return message
+
+    async with serving(make_settings(grpc_port=0)) as (app, client):
+        async with grpc_lib.aio.insecure_channel(f"127.0.0.1:{app.state.grpc_port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            assert (await stub.ModelInfer(request())).model_name == "tiny-mlp"
+            assert (await stub.ModelInfer(request(size=784 * 4))).model_name == "tiny-mlp"
+            cases = [
+                (request(version="42"), "NOT_FOUND", "has no version '42'"),
+                (request(contents=True), "INVALID_ARGUMENT", "not both"),
+                (request(size=100), "INVALID_ARGUMENT", "binary_data_size"),
+                (request(output_parameter=True), "INVALID_ARGUMENT", "classification"),
+            ]
+            for message, code, fragment in cases:
+                with pytest.raises(grpc_lib.aio.AioRpcError) as err:
+                    await stub.ModelInfer(message)
+                assert err.value.code().name == code, (fragment, err.value)
+                assert fragment in err.value.details(), err.value.details()
+            for rpc, versioned in (
+                (stub.ModelReady, pb.ModelReadyRequest(name="tiny-mlp", version="1")),
+                (stub.ModelMetadata, pb.ModelMetadataRequest(name="tiny-mlp", version="1")),
+            ):
+                with pytest.raises(grpc_lib.aio.AioRpcError) as err:
+                    await rpc(versioned)
+                assert err.value.code().name == "NOT_FOUND"
+            assert (await stub.ModelReady(pb.ModelReadyRequest(name="tiny-mlp"))).ready
+        for path in ("", "/ready", "/infer", "/config"):
+            method = client.post if path == "/infer" else client.get
+            r = await method(f"/v2/models/tiny-mlp/versions/1{path}")
+            assert r.status_code == 404, (path, r.text)
+            assert "has no version '1'" in r.json()["error"], r.text
+        assert app.state.worker.stats.snapshot()["requests_succeeded"] == 2
