@@ -19,8 +19,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "fetch-data",
         help="download the four MNIST files into the data directory (checksummed)",
-        description="Download the MNIST files missing from <data dir>/mnist/ (files already "
-        "there are left alone) and check each against its known size and sha256.",
+        description="Download the MNIST files missing from <data dir>/mnist/ and check each "
+        "against its known size and sha256. Files already there are checked too (their content "
+        "against the published MD5); one that fails is fetched again and replaced.",
     )
     p.add_argument(
         "--data-dir",
@@ -43,11 +44,21 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_fetch_data(args: argparse.Namespace) -> int:
     from bayesgate.errors import InvalidArgument
-    from bayesgate.models.data.download import download_mnist
+    from bayesgate.models.data.download import download_mnist, present_file_problem
 
     if not args.timeout > 0:
         raise InvalidArgument(f"--timeout must be > 0 seconds, got {args.timeout:g}")
-    before = {n for n in MNIST_FILES if find_mnist_file(mnist_dir(args.data_dir), n) is not None}
+    folder = mnist_dir(args.data_dir)
+    before = {n for n in MNIST_FILES if find_mnist_file(folder, n) is not None}
+    replaced = {}
+    for name in sorted(before):
+        path = find_mnist_file(folder, name)
+        assert path is not None
+        problem = present_file_problem(path, MNIST_FILES[name])
+        if problem is not None:
+            print(f"{'corrupt':>10}  {path}: {problem}; fetching it again")
+            path.unlink()  # what is downloaded next replaces it (an un-gzipped copy too)
+            replaced[name] = problem
     folder = download_mnist(
         args.data_dir,
         mirrors=args.mirror,
@@ -56,7 +67,7 @@ def cmd_fetch_data(args: argparse.Namespace) -> int:
         mirrors_flag="--mirror",
     )
     for name in MNIST_FILES:
-        state = "present" if name in before else "downloaded"
+        state = "present" if name in before and name not in replaced else "downloaded"
         print(f"{state:>10}  {find_mnist_file(folder, name)}")
     print(f"MNIST is in {folder} (use it with {DATA_DIR_ENV}={folder.parent})")
     return 0

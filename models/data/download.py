@@ -216,6 +216,27 @@ def _decompressed_md5(path: Path) -> str:
     return md5.hexdigest()
 
 
+def present_file_problem(path: Path, spec: MnistFile) -> str | None:
+    """Why the MNIST file at ``path`` (gzipped or not, detected by its magic bytes) is not
+    ``spec``'s content — None when its decompressed MD5 is the published one. Any gzip of the
+    right content passes, not only the known archives."""
+    try:
+        with open(path, "rb") as f:
+            gzipped = f.read(2) == b"\x1f\x8b"
+        if gzipped:
+            md5 = _decompressed_md5(path)
+        else:
+            with open(path, "rb") as f:
+                md5 = hashlib.file_digest(f, lambda: hashlib.md5(usedforsecurity=False)).hexdigest()
+    except _MirrorError as e:
+        return str(e)
+    except OSError as e:
+        return f"cannot read it ({e.strerror or e})"
+    if md5 != spec.raw_md5:
+        return f"content MD5 {md5} is not the published {spec.raw_md5} (corrupt or another file)"
+    return None
+
+
 def _write(out: BinaryIO, chunk: bytes) -> None:
     """Write to the temp file; a local OSError is a DataError, not a mirror's fault."""
     try:

@@ -152,7 +152,10 @@ def _read_bytes(path: Path) -> bytes:
             with gzip.GzipFile(fileobj=f) as gz:
                 return gz.read()
     except (EOFError, gzip.BadGzipFile, zlib.error) as e:
-        raise DataError(f"{path}: corrupt or truncated gzip data ({e})") from e
+        raise DataError(
+            f"{path}: corrupt or truncated gzip data ({e}); run `bayesgate fetch-data` (with the "
+            "same data directory) to check the files and fetch a bad one again"
+        ) from e
     except OSError as e:
         raise DataError(f"{path}: cannot read file ({e.strerror or e})") from e
 

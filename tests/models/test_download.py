@@ -235,3 +235,43 @@ def test_fetch_data_command(
     assert err.startswith("bayesgate: error: could not download") and "Traceback" not in err
     assert main(["fetch-data", "--data-dir", str(empty), "--timeout", "0"]) == 2
     assert "--timeout must be > 0" in capsys.readouterr().err
+
+
+def test_fetch_data_checks_the_files_already_there(
+    tmp_path: Path, mirror: Mirror, source: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file already present is checked against the published MD5 of its content, not taken
+    on trust: a truncated archive and an un-gzipped file of the wrong content are fetched
+    again (and the bad copies removed); good files — gzipped or not — are left alone. Before,
+    both bad files were reported "present" and the next `train` failed on them."""
+    import gzip
+    import shutil
+
+    from bayesgate.cli import main
+
+    folder = tmp_path / "mnist"
+    folder.mkdir()
+    for name in MNIST_FILES:
+        shutil.copy(source / name, folder / name)
+    truncated = folder / IMAGES
+    truncated.write_bytes(truncated.read_bytes()[:100_000])
+    good_raw = folder / "train-labels-idx1-ubyte"  # a good un-gzipped copy stays as it is
+    good_raw.write_bytes(gzip.decompress((folder / f"{good_raw.name}.gz").read_bytes()))
+    (folder / f"{good_raw.name}.gz").unlink()
+    wrong_raw = folder / LABELS.removesuffix(".gz")  # valid IDX bytes, but not this file's
+    wrong_raw.write_bytes(good_raw.read_bytes())
+    (folder / LABELS).unlink()
+
+    with pytest.raises(DataError, match=r"corrupt or truncated gzip data .*bayesgate fetch-data"):
+        load_mnist("test", data_dir=tmp_path, download=False)
+    argv = ["fetch-data", "--data-dir", str(tmp_path), "--mirror", mirror.url("ok")]
+    assert main([*argv, "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert f"corrupt  {truncated}: not a valid gzip file" in out
+    assert f"corrupt  {wrong_raw}: content MD5" in out
+    assert sorted(r.rsplit("/", 1)[-1] for r in mirror.requests) == [IMAGES, LABELS]
+    assert sha256(truncated) == sha256(source / IMAGES)
+    assert sha256(folder / LABELS) == sha256(source / LABELS) and not wrong_raw.exists()
+    assert f"present  {good_raw}" in out and good_raw.exists()
+    assert out.count("downloaded") == 2 and out.count("present") == 2
+    assert load_mnist("test", data_dir=tmp_path, download=False)[1].shape == (10_000,)
