@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ from attacks_testnets import LinearNet
 from bayesgate.attacks.methods import FGS, TargetedFGS
 from bayesgate.attacks.run import NO_TARGET, choose_targets, run_attack
 from bayesgate.attacks.specs import DEFAULT_ATTACKS, parse_attack, parse_attacks
+from bayesgate.models.mc.dropout import mc_sampling
 from bayesgate.models.networks.registry import build_network, preset_architecture
 
 
@@ -98,6 +100,56 @@ def test_targeted_verdicts(linear_net: LinearNet) -> None:
     assert torch.equal(out.eligible, (pred == y) & (y != 2))
     assert torch.equal(out.success, out.eligible & (adv_pred == 2))
     assert int(out.success.sum()) > 0
+
+
+def _dropout_net(classes: int = 3) -> torch.nn.Module:
+    """``mlp-2x32`` at p = 0.5 on 4×4 images with tripled weights: its K passes disagree a lot."""
+    torch.manual_seed(0)
+    net = build_network(
+        {**preset_architecture("mlp-2x32", p=0.5), "in_shape": [1, 4, 4], "classes": classes}
+    )
+    with torch.no_grad():
+        for name, param in net.named_parameters():
+            if name.endswith("weight"):
+                param.mul_(3.0)
+    return net.eval()
+
+
+def _hand_log_predictive(net: torch.nn.Module, x: torch.Tensor, k: int, seed: int) -> torch.Tensor:
+    """``log p̄(·|x) = logsumexp_k log softmax(f^{ω_k}(x)) − log k`` written out: the trunk once,
+    the head on every example repeated k times (row ``b·k + j`` = pass j of example b, the MC
+    engine's layout), masks from a generator seeded ``seed`` as ``attack_in_batches`` seeds its
+    masks."""
+    with mc_sampling(torch.Generator().manual_seed(seed)):
+        h = net.trunk(x)
+        logits = net.head(h.repeat_interleave(k, dim=0)).view(x.shape[0], k, -1)
+    log_p = torch.log_softmax(logits, dim=-1)
+    return torch.logsumexp(log_p, dim=1) - math.log(k)
+
+
+def test_fgs_through_run_attack_follows_the_k_pass_mc_predictive() -> None:
+    """With K = 4 on a dropout net, run_attack's FGS step is ``clip(x + η·sgn ∇_x(−log p̄(y|x)))``
+    of the 4-pass MC predictive with the masks seeded ``seed`` (gradient by hand here), ``y`` its
+    ``k_eval`` clean prediction; the 1-pass predictive of the same masks steps otherwise on many
+    pixels, so an attack that ignored ``k`` fails."""
+    net, k, seed, eta = _dropout_net(), 4, 3, 0.1
+    x = torch.rand(12, 1, 4, 4, generator=torch.Generator().manual_seed(7))
+    y = torch.zeros(12, dtype=torch.int64)
+    out = run_attack(net, x, y, FGS(eta=eta), k=k, k_eval=5, batch_size=100, seed=seed)
+
+    def gradient(passes: int) -> torch.Tensor:
+        xg = x.clone().requires_grad_(True)
+        log_pbar = _hand_log_predictive(net, xg, passes, seed)
+        (-log_pbar.gather(1, out.clean_pred.view(-1, 1)).sum()).backward()
+        return xg.grad
+
+    grad, grad_one = gradient(k), gradient(1)
+    clear = grad.abs() > 1e-6 * grad.abs().max()  # signs that round-off cannot flip
+    assert clear.double().mean() > 0.5
+    expected = (x + eta * grad.sign()).clamp(0.0, 1.0)
+    assert torch.equal(out.x_adv[clear], expected[clear])
+    # the test tells K apart: the one-pass gradient points elsewhere on many clear pixels
+    assert (grad_one.sign() != grad.sign())[clear].double().mean() > 0.1
 
 
 def test_step_hook_sees_every_step_of_every_batch(linear_net: LinearNet) -> None:
