@@ -12,7 +12,7 @@ import torch
 from attacks_testnets import LinearNet
 
 from bayesgate.attacks.methods import FGS, TargetedFGS
-from bayesgate.attacks.run import NO_TARGET, choose_targets, run_attack
+from bayesgate.attacks.run import NO_TARGET, choose_targets, run_attack, verdicts
 from bayesgate.attacks.specs import DEFAULT_ATTACKS, parse_attack, parse_attacks
 from bayesgate.models.mc.dropout import mc_sampling
 from bayesgate.models.networks.registry import build_network, preset_architecture
@@ -100,6 +100,25 @@ def test_targeted_verdicts(linear_net: LinearNet) -> None:
     assert torch.equal(out.eligible, (pred == y) & (y != 2))
     assert torch.equal(out.success, out.eligible & (adv_pred == 2))
     assert int(out.success.sum()) > 0
+
+
+def test_targeted_success_means_landing_on_the_target_not_just_off_the_label() -> None:
+    """A targeted attack succeeds only where ``x_adv`` is classified as the target: an image
+    pushed off its label onto a third class (neither the label nor the target) is a failure,
+    while the untargeted verdict on the same predictions counts it as a success."""
+    y = torch.tensor([0, 0, 0, 1, 2, 1])
+    clean_pred = torch.tensor([0, 0, 0, 1, 2, 0])
+    target = torch.full_like(y, 2)
+    adv_pred = torch.tensor([2, 1, 0, 2, 2, 2])
+    # image 0 lands on the target, 1 on class 1 (neither 0 nor 2), 2 stays put, 3 lands on the
+    # target; 4 is its own target (not eligible), 5 was misclassified when clean (not eligible)
+    eligible, success = verdicts(TargetedFGS(target=2), y, clean_pred, adv_pred, target)
+    assert eligible.tolist() == [True, True, True, True, False, False]
+    assert success.tolist() == [True, False, False, True, False, False]
+    no_target = torch.full_like(y, NO_TARGET)
+    eligible, success = verdicts(FGS(eta=0.1), y, clean_pred, adv_pred, no_target)
+    assert eligible.tolist() == [True, True, True, True, True, False]
+    assert success.tolist() == [True, True, False, True, False, False]
 
 
 def _dropout_net(classes: int = 3) -> torch.nn.Module:
