@@ -35,6 +35,7 @@ from bayesgate.models.store.directory import (
     save_model,
     write_card,
 )
+from bayesgate.models.training import outputs as run_outputs
 from bayesgate.models.training.adversarial import AdversarialConfig
 from bayesgate.models.training.checkpoint import STATE_FILE, Checkpointing
 from bayesgate.models.training.train import (
@@ -245,12 +246,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     # writing its model there again is the point; anything else needs --force
     held = (out / CARD_FILE).is_file()
     old_card = readable_card(out) if held else None
-    continuing = (
-        args.resume
-        and (Path(checkpointing.directory) / STATE_FILE).is_file()
-        and old_card is not None
-        and old_card.name == name
-    )
+    checkpoint_dir = Path(checkpointing.directory)
+    has_checkpoint = (checkpoint_dir / STATE_FILE).is_file()
+    continuing = args.resume and has_checkpoint and old_card is not None and old_card.name == name
+    if continuing and not args.force:
+        assert old_card is not None
+        _check_run_wrote(checkpoint_dir, out, old_card.weights_sha256)
     check_out(out, args.force or continuing)
     # the weights the files in --out belong to ("": a card that does not read: another model's)
     old_sha = None if not held else old_card.weights_sha256 if old_card is not None else ""
@@ -264,6 +265,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         # not an error: a long run is launched with --resume every time (bench/long_runs.py)
         print(f"--resume: no checkpoint in {checkpointing.directory} yet; starting at epoch 1",
               file=sys.stderr)  # fmt: skip
+    if not has_checkpoint:
+        run_outputs.start(checkpoint_dir)
     transform, on_epoch = _epoch_hooks(
         args, model, adversarial, config, (train_data, val_data), device, checkpointing
     )
@@ -281,11 +284,34 @@ def cmd_train(args: argparse.Namespace) -> int:
     card = _model_card(name, arch, config, args, result, int(train_data[0].shape[0]), device)
     card.training.command = command_line(args, omit=("force",))
     card = save_model(model, card, out)
+    # a run that did not continue this checkpoint replaced it: forget what the old run wrote
+    fresh = not (args.resume and has_checkpoint)
+    run_outputs.record(checkpoint_dir, out, card.weights_sha256, replace=fresh)
     if old_sha is not None and old_sha != card.weights_sha256:
         # the old weights' calibration and detector no longer describe this model
         remove_stale_files(out, "--force" if args.force else "--resume")
     print(json.dumps({"model": str(out), "val": result.val_metrics}, indent=2))
     return 0
+
+
+def _check_run_wrote(checkpoint_dir: Path, out: Path, weights_sha256: str) -> None:
+    """``--resume`` into an ``--out`` holding a model of the same name: refuse (one line) unless
+    the checkpoint's run wrote that model there (:mod:`~bayesgate.models.training.outputs`);
+    a checkpoint that keeps no record (older than the record) is trusted, with a note."""
+    wrote = run_outputs.wrote(checkpoint_dir, out, weights_sha256)
+    if wrote is None:
+        print(f"--resume: the checkpoint in {checkpoint_dir} keeps no record of the models it "
+              f"wrote (older than that record); trusting that it wrote {out}",
+              file=sys.stderr)  # fmt: skip
+        return
+    if not wrote:
+        elsewhere = ", ".join(run_outputs.written(checkpoint_dir)) or "none yet"
+        raise InvalidArgument(
+            f"--resume: the model in --out {out} was not written by the run of the checkpoint "
+            f"in {checkpoint_dir} (that run wrote: {elsewhere}); resuming would replace it and "
+            "remove its calibration and detector: give the --out that run wrote, another "
+            "--checkpoint-dir, or --force to replace the model"
+        )
 
 
 def check_out(out: Path, force: bool) -> None:

@@ -87,6 +87,38 @@ def test_train_refuses_an_out_holding_a_model_unless_forced(
     assert code == 2 and "already holds a model" in stderr
 
 
+def test_resume_refuses_an_out_another_run_of_the_same_name_wrote(
+    tmp_path: Path, data_env: None
+) -> None:
+    """Same name is not the same run: a calibrated model in --out, written by one run, is not
+    replaced by ``--resume`` with the checkpoint of another run of that preset (other data,
+    other checkpoint folder) — it used to be, its calibration and detector removed. The run
+    that wrote it still resumes into it; a checkpoint without the record (older) is trusted."""
+    out, mine, theirs = tmp_path / "model", tmp_path / "ckpt-mine", tmp_path / "ckpt-theirs"
+    assert _run([*TINY, "--out", str(out), "--checkpoint-dir", str(mine)])[0] == 0
+    other_out = tmp_path / "other"
+    other = [*TINY[:6], "80", *TINY[7:], "--checkpoint-dir", str(theirs)]  # --limit 80
+    assert _run([*other, "--out", str(other_out)])[0] == 0
+    for name in OLD_FILES:
+        (out / name).write_text("of these weights")
+    sha = load_model(out).card.weights_sha256
+
+    code, stdout, stderr = _run([*other, "--out", str(out), "--resume"])
+    assert code == 2 and stdout == "" and stderr.count("\n") == 1, stderr
+    assert stderr.startswith(f"bayesgate: error: --resume: the model in --out {out} was not ")
+    assert f"{theirs} (that run wrote: {other_out.resolve()})" in stderr and "--force" in stderr
+    assert load_model(out).card.weights_sha256 == sha
+    assert all((out / name).read_text() == "of these weights" for name in OLD_FILES)
+
+    code, _, stderr = _run([*TINY, "--out", str(out), "--checkpoint-dir", str(mine), "--resume"])
+    assert code == 0 and "removed" not in stderr, stderr
+    (mine / "outputs.json").unlink()  # as a checkpoint written before the record existed
+    code, _, stderr = _run([*TINY, "--out", str(out), "--checkpoint-dir", str(mine), "--resume"])
+    assert code == 0 and "keeps no record of the models it wrote" in stderr, stderr
+    code, _, stderr = _run([*other, "--out", str(out), "--resume", "--force"])
+    assert code == 0 and "--force: removed from" in stderr, stderr
+
+
 def test_the_stale_files_are_what_calibrate_and_fit_detector_write() -> None:
     pytest.importorskip("matplotlib")
     from bayesgate.attacks import report
