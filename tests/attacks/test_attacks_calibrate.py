@@ -36,6 +36,24 @@ def test_fit_thresholds_on_hand_made_scores() -> None:
         fit_thresholds(val, 0.0)
 
 
+@pytest.mark.parametrize("target", [0.1, 0.2])
+def test_fit_thresholds_use_the_target_fpr_given(target: float) -> None:
+    """At target FPR 0.1 or 0.2 the thresholds flag (``score > t``, counted by hand here) at most
+    that share of the validation scores and more than any threshold at 0.05 could: distinct
+    scores are flagged at exactly the target (0.05 flags 5 %), and of tied scores whose top group
+    alone is 10 % (more than 5 %, so 0.05 flags nothing) that group is flagged."""
+    val = {
+        "predictive_entropy": np.random.default_rng(0).permutation(200) / 100.0,  # distinct
+        "mutual_information": np.array([0.0] * 150 + [0.2] * 30 + [0.3] * 20),
+    }
+    thresholds, realised = fit_thresholds(val, target)
+    flagged = {n: sum(v > thresholds[n] for v in s) / len(s) for n, s in val.items()}
+    assert flagged == realised
+    assert flagged["predictive_entropy"] == target  # 20 or 40 of 200; 0.05 gives 10 of 200
+    assert flagged["mutual_information"] == 0.1  # the 0.3 group; 0.05 gives 0 (flags nothing)
+    assert all(rate <= target for rate in flagged.values())
+
+
 def test_attack_record_uses_successful_examples_only() -> None:
     # Two-class MC samples (K = 2): clean confident; adversarial: two uncertain successes, one
     # confident failure which must not count as a positive.
