@@ -70,6 +70,35 @@ def test_fit_detector_end_to_end(model_copy: Path, capsys: pytest.CaptureFixture
     assert read_calibration(model_copy, weights_sha256=sha).detector == reference
 
 
+def test_fit_detector_thresholds_follow_the_target_fpr(tiny_model_dir: Path) -> None:
+    """``target_fpr = 0.2``: every threshold flags at most 20 % of the threshold part's clean
+    images — rescored here from scratch and counted by hand — and each score whose 200 values
+    are distinct is flagged at exactly 40 of 200 (a threshold at 0.05 would flag at most 10), so
+    the fit's own target is used, not the default 0.05; the report's realised FPRs agree."""
+    from bayesgate.attacks.detector_fit import FitSettings, fit_detector
+
+    loaded = load_model(tiny_model_dir)
+    settings = FitSettings(k=5, train_subset=600, fit_images=200, threshold_images=200,
+                           attack_images=40, kde_per_class=20, attacks=("fgs:eta=0.2",),
+                           target_fpr=0.2)  # fmt: skip
+    detector = fit_detector(loaded, settings)
+    assert detector.target_fpr == 0.2
+
+    x_val, _ = load_mnist("val")
+    order = torch.randperm(10_000, generator=torch.Generator().manual_seed(0))
+    scores = score_images(detector, loaded.network, x_val[order[200:400]], k=5, seed=0)
+    assert set(scores) == set(detector.thresholds)
+    distinct = set()
+    for name, values in scores.items():
+        flagged = int((values > detector.thresholds[name]).sum())
+        assert flagged <= 40, name
+        assert detector.fit["realised_fpr"][name] == flagged / 200, name
+        if np.unique(values).size == 200:
+            distinct.add(name)
+            assert flagged == 40, name
+    assert {"predictive_entropy", "mutual_information", "fused_logistic"} <= distinct
+
+
 def test_fit_detector_fits_the_grid_layer_when_asked(
     tiny_cnn_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
