@@ -16,6 +16,7 @@ from bayesgate.models.mc.uncertainty import (
     mutual_information,
     predictive_entropy,
     predictive_mean,
+    summary,
     variation_ratio,
 )
 
@@ -170,6 +171,22 @@ def test_mutual_information_is_non_negative(seed: int) -> None:
     assert torch.allclose(
         predictive_entropy(probs), expected_entropy(probs) + mutual_information(probs), atol=1e-5
     )
+
+
+def test_summary_mutual_information_is_clamped_where_round_off_makes_it_negative() -> None:
+    """K identical float32 passes: MI is exactly 0, but ``H[p̄] − (1/K) Σ_k H[p_k]`` rounds
+    below 0 for some rows (checked here with ``torch.special.entr``, so the case is real); the
+    service's ``summary`` must report 0 there, like :func:`mutual_information`, never < 0."""
+    rows = torch.softmax(torch.randn(300, 4, generator=torch.Generator().manual_seed(0)), -1)
+    probs = rows.unsqueeze(1).expand(-1, 7, -1).contiguous()  # K = 7 identical passes
+    mean = probs.mean(dim=1)
+    raw = torch.special.entr(mean).sum(-1) - torch.special.entr(probs).sum(-1).mean(dim=1)
+    assert (raw < 0).any()  # round-off does go negative on some of these rows
+    mi = summary(probs)["mutual_information"]
+    assert (mi >= 0).all()
+    assert torch.equal(mi[raw < 0], torch.zeros(int((raw < 0).sum())))
+    assert float(mi.max()) < 1e-6
+    assert torch.equal(mi, mutual_information(probs))
 
 
 @pytest.mark.parametrize("seed", [0, 1])
