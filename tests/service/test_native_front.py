@@ -656,3 +656,29 @@ def test_a_relayed_request_whose_body_never_comes_is_closed_after_its_answer(
     assert status_and_body(a) == status_and_body(b) and status_and_body(b)[0] == 413, (a, b)
     assert b.count(b"HTTP/1.1 ") == 1, b
     assert closed is not None and closed < 3, closed
+
+
+# a TLS ClientHello's first bytes: a handshake record (0x16), TLS 1.0 record version, length
+CLIENT_HELLO = bytes.fromhex("16030100a5010000a10303") + bytes(32)
+
+
+@pytest.mark.parametrize(
+    ("sent", "status"),
+    [
+        (CLIENT_HELLO, 400),
+        (b"GARBAGE-NO-NEWLINE", 400),  # no CRLF ever: a "method" longer than any there is
+        (b"SSH-2.0-OpenSSH_9.6\r\n", 400),
+        (b"GET /" + b"a" * 40000, 431),  # past BAYESGATE_MAX_HEADER_BYTES (32 KiB), no CRLF yet
+    ],
+    ids=["tls", "no-newline", "ssh", "long-request-line"],
+)
+def test_what_cannot_become_a_request_is_refused_at_once_on_both_ports(
+    both_ports: tuple[int, int], sent: bytes, status: int
+) -> None:
+    """Bytes that cannot begin an HTTP request, and a head still arriving past the main port's
+    head limit: both ports answer at once and close. The native port used to wait for a CRLF
+    CRLF (up to 64 KiB) and close unanswered after its read timeout, 30 s."""
+    for port in both_ports:
+        got, closed = exchange(port, sent)
+        assert got and status_and_body(got)[0] == status, (port, got[:200])
+        assert closed is not None and closed < 3, (port, closed)

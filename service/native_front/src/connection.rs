@@ -12,7 +12,7 @@ use crate::access_log::{self, INFER_ROUTE};
 use crate::batch_queue::{Job, JobMeta, CLIENT_GONE};
 use crate::config::Config;
 use crate::fast_path::{check_body, check_head};
-use crate::http::{self, find_head_end, Framing, Head, MAX_HEAD};
+use crate::http::{self, check_request_start, find_head_end, Framing, Head, HeadError, MAX_HEAD};
 use crate::peer::{self, Fd, Peek};
 use crate::relay;
 use crate::request_id;
@@ -76,6 +76,20 @@ pub(crate) fn close_gracefully(stream: &mut TcpStream, cfg: &Config) {
     }
 }
 
+/// Why a head is refused before it is complete.
+enum Refused {
+    /// Over [`MAX_HEAD`], or still arriving past the main port's `max_header_bytes` → 431.
+    TooLarge,
+    /// Bytes that cannot begin a request line → 400.
+    Malformed(HeadError),
+}
+
+/// Most bytes of a head still arriving: the main port's `max_header_bytes` (past it, the main
+/// port answers 431 without waiting for the rest), at most [`MAX_HEAD`].
+fn head_limit(cfg: &Config) -> usize {
+    cfg.max_header_bytes.min(MAX_HEAD as u64) as usize
+}
+
 /// Read more bytes into `buf` (at least `want` bytes of room); Ok(0) at EOF.
 fn read_more(stream: &mut TcpStream, buf: &mut Vec<u8>, want: usize) -> io::Result<usize> {
     let old = buf.len();
@@ -137,10 +151,13 @@ pub(crate) fn serve_connection(shared: &Shared, stream: &mut TcpStream, slot: &C
                 reading = Some(Gauge::up(&stats.requests_reading));
             }
             if let Some(end) = find_head_end(&buf, scanned) {
-                break Some(end);
+                break Ok(end);
             }
-            if buf.len() >= MAX_HEAD {
-                break None;
+            if let Err(e) = check_request_start(&buf) {
+                break Err(Refused::Malformed(e));
+            }
+            if !buf.is_empty() && buf.len() > head_limit(&shared.config()) {
+                break Err(Refused::TooLarge);
             }
             scanned = buf.len();
             let idle = buf.is_empty();
@@ -183,9 +200,16 @@ pub(crate) fn serve_connection(shared: &Shared, stream: &mut TcpStream, slot: &C
             );
             close_gracefully(stream, &cfg);
         };
-        let Some(end) = end.filter(|&e| e <= MAX_HEAD) else {
-            unframeable(stream, 431, http::HEAD_TOO_LARGE_BODY);
-            return;
+        let end = match end {
+            Ok(end) if end <= MAX_HEAD => end,
+            Ok(_) | Err(Refused::TooLarge) => {
+                unframeable(stream, 431, http::HEAD_TOO_LARGE_BODY);
+                return;
+            }
+            Err(Refused::Malformed(e)) => {
+                unframeable(stream, 400, &e.body());
+                return;
+            }
         };
         let parsed = Head::parse(buf[..end].to_vec()).and_then(|h| h.framing().map(|f| (h, f)));
         let (head, framing) = match parsed {

@@ -1,7 +1,8 @@
 //! Loopback tests of requests the main port answers at once, which the native port must not
 //! hold for its read timeout: a relayed request whose body never comes once the service has
-//! answered it. The read timeout is long here (20 s): a test that waits for it fails its time
-//! bound.
+//! answered it, bytes that cannot begin an HTTP request, a head still arriving past the main
+//! port's head limit. The read timeout is long here (20 s): a test that waits for it fails its
+//! time bound.
 
 use crate::roundtrip_tests::start;
 use crate::roundtrip_v2_tests::{config, finish};
@@ -76,5 +77,61 @@ fn a_relay_ends_when_the_service_has_answered_and_closed() {
     assert!(took < Duration::from_secs(5), "closed after {took:?}");
     let seen = up_thread.join().unwrap();
     assert!(seen.starts_with(b"POST /v1/predict HTTP/1.1\r\n"));
+    finish(h);
+}
+
+#[test]
+fn bytes_that_cannot_begin_a_request_are_answered_400_at_once() {
+    // The main port (httptools) answers each of these 400 as soon as it reads them; the native
+    // port used to wait for a whole head (CRLF CRLF) and close after the read timeout unanswered.
+    let (h, port) = start_front("127.0.0.1:9", "");
+    let client_hello: &[u8] = &[0x16, 0x03, 0x01, 0x00, 0xa5, 0x01, 0x00, 0x00, 0xa1, 0x03, 0x03];
+    for bytes in [
+        client_hello,               // TLS: a handshake record
+        b"GARBAGE-NO-NEWLINE",      // a "method" longer than any method there is
+        b"SSH-2.0-OpenSSH_9.6\r\n", // an SSH banner
+        b"GET\t/ HTTP/1.1",         // not a token and a space
+        b" GET / HTTP/1.1",
+        b"\x00\x00\x00\x00",
+        b"\r\x00",
+    ] {
+        let (got, took) = exchange(port, bytes);
+        assert!(
+            got.starts_with(b"HTTP/1.1 400 Bad Request\r\n"),
+            "{bytes:?}: {}",
+            String::from_utf8_lossy(&got)
+        );
+        assert!(took < Duration::from_secs(5), "{bytes:?}: closed after {took:?}");
+    }
+    // what may still become a request is waited for: a method of the longest registered length
+    // (UPDATEREDIRECTREF), a blank line's CR, a request line under way
+    for bytes in [&b"UPDATEREDIRECTREF"[..], b"\r", b"POST /v2/models/m/infer HTT"] {
+        let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        c.write_all(bytes).unwrap();
+        c.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+        let mut got = [0u8; 16];
+        let e = c.read(&mut got).unwrap_err();
+        assert!(
+            matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
+            "{bytes:?}"
+        );
+    }
+    finish(h);
+}
+
+#[test]
+fn a_head_still_arriving_past_the_main_port_s_limit_is_431_at_once() {
+    // max_header_bytes (the main port's BAYESGATE_MAX_HEADER_BYTES) bounds a head still on its
+    // way, as the main port bounds it; it used to be bounded only by the native 64 KiB.
+    let (h, port) = start_front("127.0.0.1:9", ",\"max_header_bytes\":4096");
+    let mut line = b"GET /".to_vec();
+    line.extend(vec![b'a'; 5000]);
+    let (got, took) = exchange(port, &line);
+    assert!(
+        got.starts_with(b"HTTP/1.1 431 Request Header Fields Too Large\r\n"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+    assert!(took < Duration::from_secs(5), "closed after {took:?}");
     finish(h);
 }

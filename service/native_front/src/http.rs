@@ -5,8 +5,14 @@ use std::ops::Range;
 /// Longest request head accepted (request line + headers + the blank line).
 pub const MAX_HEAD: usize = 64 * 1024;
 
-/// Body of the 431 answered when the head is over [`MAX_HEAD`].
+/// Body of the 431 answered when the head is over [`MAX_HEAD`] (or still arriving past the main
+/// port's `max_header_bytes`).
 pub const HEAD_TOO_LARGE_BODY: &str = "{\"error\":\"request head too large\"}";
+
+/// Longest method taken: the longest in the IANA HTTP Method Registry (`UPDATEREDIRECTREF`).
+/// httptools knows none as long; a longer token before the first space is not HTTP (an SSH
+/// banner, say).
+pub const MAX_METHOD: usize = 17;
 /// Body of the 400 answered when a relayed request's chunked body is malformed and the service
 /// answered nothing (a head that cannot be framed gets [`HeadError::body`], naming the problem).
 pub const BAD_CHUNKED_BODY: &str =
@@ -68,6 +74,7 @@ impl HeadError {
 
 const LINE_ENDING: HeadError = HeadError::Malformed("a line of the head does not end in CRLF");
 const REQUEST_LINE: HeadError = HeadError::Malformed("the request line is not 'METHOD target HTTP/1.x'");
+const METHOD_LENGTH: HeadError = HeadError::Malformed("a method longer than any registered one (17 characters)");
 const VERSION: HeadError = HeadError::Malformed("HTTP version other than HTTP/1.1 or HTTP/1.0");
 const HEADER_LINE: HeadError =
     HeadError::Malformed("a header line is not 'Name: value' (or holds a control character)");
@@ -97,6 +104,29 @@ pub fn find_head_end(buf: &[u8], from: usize) -> Option<usize> {
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
         .map(|p| start + p + 4)
+}
+
+/// Whether the first bytes of a head still arriving can begin a request line: a method (1 to
+/// [`MAX_METHOD`] token characters), then a space. Bytes that cannot — a TLS handshake, an SSH
+/// banner, binary noise — are refused as soon as they arrive, as the main port's parser refuses
+/// them, rather than closed unanswered after the read timeout for want of a CRLF CRLF. `start` is
+/// what is buffered, empty lines before the request line removed.
+pub fn check_request_start(start: &[u8]) -> Result<(), HeadError> {
+    if start == b"\r" {
+        return Ok(()); // perhaps an empty line's CR
+    }
+    for (i, &b) in start.iter().take(MAX_METHOD + 1).enumerate() {
+        if b == b' ' && i > 0 {
+            return Ok(());
+        }
+        if !is_tchar(b) {
+            return Err(REQUEST_LINE);
+        }
+    }
+    if start.len() > MAX_METHOD {
+        return Err(METHOD_LENGTH);
+    }
+    Ok(())
 }
 
 impl Head {
@@ -134,6 +164,9 @@ impl Head {
             || raw[target.clone()].iter().any(|&b| b <= b' ' || b == 0x7f)
         {
             return Err(REQUEST_LINE);
+        }
+        if method.len() > MAX_METHOD {
+            return Err(METHOD_LENGTH); // as a head still arriving is refused (check_request_start)
         }
         let http11 = match version {
             b"HTTP/1.1" => true,
@@ -355,6 +388,7 @@ mod tests {
             ("POST /x HTTP/1.1\r\nNoColon\r\n\r\n", HEADER_LINE),
             ("POST /x HTTP/1.1\r\nX: a\x00b\r\n\r\n", HEADER_LINE),
             ("GARBAGE\r\n\r\n", REQUEST_LINE),
+            ("UPDATEREDIRECTREFS / HTTP/1.1\r\n\r\n", METHOD_LENGTH),
             ("POST /x HTTP/1.1\n\r\n", LINE_ENDING),
         ] {
             assert_eq!(head(s).err(), Some(why), "{s:?}");
@@ -378,6 +412,7 @@ mod tests {
         for why in [
             LINE_ENDING,
             REQUEST_LINE,
+            METHOD_LENGTH,
             VERSION,
             HEADER_LINE,
             TRANSFER_ENCODING,
@@ -395,6 +430,36 @@ mod tests {
             head("POST /x HTTP/1.1\r\nTransfer-Encoding: Chunked\r\nConnection: keep-alive, Close\r\n\r\n").unwrap();
         assert_eq!(h.framing(), Ok(Framing::Chunked));
         assert!(h.wants_close());
+    }
+
+    #[test]
+    fn the_start_of_a_request_line() {
+        for ok in [
+            &b""[..],
+            b"G",
+            b"GET",
+            b"GET ",
+            b"GET /x HTTP/1.1\r\n",
+            b"\r",
+            b"UPDATEREDIRECTREF",
+            b"UPDATEREDIRECTREF /",
+            b"M-SEARCH * HTTP/1.1",
+        ] {
+            assert_eq!(check_request_start(ok), Ok(()), "{ok:?}");
+        }
+        for (bad, why) in [
+            (&b"\x16\x03\x01\x02\x00\x01"[..], REQUEST_LINE), // TLS ClientHello
+            (b" GET /", REQUEST_LINE),
+            (b"GET\t/", REQUEST_LINE),
+            (b"G\x00", REQUEST_LINE),
+            (b"\r\x00", REQUEST_LINE),
+            (b"\n", REQUEST_LINE),
+            (b"GARBAGE-NO-NEWLINE", METHOD_LENGTH),
+            (b"SSH-2.0-OpenSSH_9.6\r\n", METHOD_LENGTH),
+            (b"UPDATEREDIRECTREFS", METHOD_LENGTH),
+        ] {
+            assert_eq!(check_request_start(bad), Err(why), "{bad:?}");
+        }
     }
 
     #[test]
