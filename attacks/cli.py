@@ -26,6 +26,8 @@ from bayesgate.models.store.bundled import READ_MODEL_HELP, model_to_read
 FIGURES = ("6", "7", "detection")
 PARAM_DEST = "attack_param_"
 """Namespace prefix of the attack-parameter flags of ``bayesgate attack``."""
+DEFAULT_ATTACK = "fgs"
+"""The attack of ``bayesgate attack`` given neither ``--attack`` nor ``--spec``."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,11 +51,17 @@ def _register_attack(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("attack", help="craft adversarial MNIST images against a model (.npz)")
     p.add_argument("model", type=model_to_read, help=READ_MODEL_HELP)
     p.add_argument(
-        "--attack", choices=tuple(ATTACKS), default="fgs", help="the attack (its parameters below)"
+        "--attack",
+        choices=tuple(ATTACKS),
+        default=None,  # None: not given (--spec may replace it); the attack is then DEFAULT_ATTACK
+        help=f"the attack, its parameters below (default: {DEFAULT_ATTACK}; not with --spec)",
     )
     _attack_parameter_flags(p)
     p.add_argument(
-        "--spec", default=None, help="full attack spec instead, e.g. 'targeted:steps=40,target=0'"
+        "--spec",
+        default=None,
+        help="the whole attack in one spec instead of --attack and its parameter flags, "
+        "e.g. 'targeted:steps=40,target=0'",
     )
     p.add_argument("--split", choices=("test", "val"), default="test", help="MNIST split attacked")
     p.add_argument("--limit", type=int, default=None, help="first N images of the split")
@@ -159,7 +167,7 @@ PLOT = "matplotlib"
 
 
 def _attack_needs(args: argparse.Namespace) -> list[Need]:
-    return spec_needs([args.spec or args.attack])
+    return spec_needs([_attack_spec(args)])
 
 
 def _calibrate_needs(args: argparse.Namespace) -> list[Need]:
@@ -174,17 +182,39 @@ def _sweep_needs(args: argparse.Namespace) -> list[Need]:
     return [*spec_needs(specs), Need(PLOT, f"--figure {args.figure}'s plot")]
 
 
-def _attack(args: argparse.Namespace) -> Attack:
-    """The attack of ``bayesgate attack``: ``--spec``, else ``--attack`` with the parameter flags
-    given (a flag the attack does not have is an error naming its parameters)."""
-    if args.spec:
-        return parse_attack(args.spec)
-    params = {
+def _parameter_flags(args: argparse.Namespace) -> dict[str, str]:
+    """``{parameter: value}`` of the attack-parameter flags the user gave (default None: not
+    given)."""
+    return {
         key[len(PARAM_DEST) :]: value
         for key, value in vars(args).items()
         if key.startswith(PARAM_DEST) and value is not None
     }
-    return build_attack(args.attack, params)
+
+
+def _attack_spec(args: argparse.Namespace) -> str:
+    """``--spec``, else ``--attack`` (default :data:`DEFAULT_ATTACK`). ``--spec`` is the whole
+    attack: with ``--attack`` or a parameter flag it is an error naming them, never a flag
+    silently ignored."""
+    if args.spec is None:
+        return args.attack or DEFAULT_ATTACK
+    given = (["attack"] if args.attack is not None else []) + list(_parameter_flags(args))
+    if given:
+        flags = ", ".join("--" + key.replace("_", "-") for key in given)
+        raise InvalidArgument(
+            f"--spec cannot be combined with {flags}: the spec is the whole attack, "
+            "its parameters included (e.g. --spec pgd:eps=0.1,steps=40); give one form"
+        )
+    return args.spec
+
+
+def _attack(args: argparse.Namespace) -> Attack:
+    """The attack of ``bayesgate attack``: ``--spec``, else ``--attack`` with the parameter flags
+    given (a flag the attack does not have is an error naming its parameters)."""
+    spec = _attack_spec(args)
+    if args.spec is not None:
+        return parse_attack(spec)
+    return build_attack(spec, _parameter_flags(args))
 
 
 def cmd_attack(args: argparse.Namespace) -> int:
