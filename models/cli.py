@@ -47,6 +47,8 @@ from bayesgate.models.training.train import (
     train,
 )
 
+DEFAULT_MOMENTUM = 0.9
+DEFAULT_BETA_SCHEDULE = "blundell"
 STALE_FILES = (
     CALIBRATION_FILE,
     "calibration.md",  # bayesgate.attacks.report: REPORT_FILE, ROC_FILE, HIST_FILE (matplotlib)
@@ -98,9 +100,9 @@ def _network_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--beta-schedule",
-        default="blundell",
+        default=DEFAULT_BETA_SCHEDULE,
         help="bbb-* only: KL weight per minibatch, blundell (2^(M-i)/(2^M-1)), uniform (1/M) "
-        "or a constant number (default %(default)s)",
+        f"or a constant number (default {DEFAULT_BETA_SCHEDULE})",
     )
     p.add_argument(
         "--sampling",
@@ -131,8 +133,9 @@ def _optimisation_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--momentum",
         type=float,
-        default=0.9,
-        help="SGD momentum (default %(default)s; Li & Gal's Keras code: plain SGD, 0)",
+        default=DEFAULT_MOMENTUM,
+        help=f"--optimizer sgd only: momentum (default {DEFAULT_MOMENTUM:g}; Li & Gal's Keras "
+        "code: plain SGD, 0)",
     )
     p.add_argument(
         "--lr-schedule",
@@ -421,6 +424,21 @@ def checkpoint_root() -> Path:
 
 
 def _train_config(args: argparse.Namespace) -> TrainConfig:
+    """The run's settings. A flag set to other than its default where it cannot apply
+    (``--momentum`` without SGD, ``--beta-schedule`` without a bbb-* preset) is refused rather
+    than recorded unused — a checkpoint would then refuse a later run over a setting that never
+    mattered. Its default stays accepted everywhere: every card's recorded command names it."""
+    if args.momentum != DEFAULT_MOMENTUM and args.optimizer != "sgd":
+        raise InvalidArgument(
+            f"--momentum applies to --optimizer sgd only, not {args.optimizer} (got "
+            f"{args.momentum:g})"
+        )
+    bbb = "sampling" in preset_architecture(args.preset)
+    if args.beta_schedule != DEFAULT_BETA_SCHEDULE and not bbb:
+        raise InvalidArgument(
+            f"--beta-schedule applies to the bbb-* presets only, not {args.preset} (got "
+            f"{args.beta_schedule})"
+        )
     return TrainConfig(
         alpha=_resolve_alpha(args.loss, args.alpha),
         k_train=args.k_train,

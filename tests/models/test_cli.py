@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from bayesgate import cli
 from bayesgate.cli import main
+from bayesgate.models import cli as models_cli
 from bayesgate.models.data.mnist import MNIST_FINGERPRINT, load_mnist
 from bayesgate.models.mc.engine import mc_predict
 from bayesgate.models.store.directory import CARD_FILE, WEIGHTS_FILE, load_model, read_card
@@ -215,6 +217,34 @@ def test_early_stopping_without_validation_data_is_refused(
     assert code == 2
     assert len(err) == 1 and err[0].startswith(f"bayesgate: error: {name} needs validation data")
     assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--momentum", "0.5"], "--momentum applies to --optimizer sgd only, not adam (got 0.5)"),
+        (
+            ["--beta-schedule", "uniform"],
+            "--beta-schedule applies to the bbb-* presets only, not mlp-2x32 (got uniform)",
+        ),
+    ],
+)
+def test_a_flag_that_cannot_apply_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    """Refused before any data is read, instead of being recorded in the card and checkpoint
+    unused (a later run sharing the checkpoint was then refused over a setting that never
+    mattered). The defaults, which every recorded command names, stay accepted."""
+    code = main(["train", "--preset", "mlp-2x32", *flags, "--out", str(tmp_path / "m"),
+                 "--no-progress", "--device", "cpu"])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err == [f"bayesgate: error: {message}"]
+    assert not (tmp_path / "m").exists()
+    args = cli.build_parser().parse_args(
+        ["train", "--preset", "mlp-2x32", "--momentum", "0.9", "--beta-schedule", "blundell"]
+    )
+    config = models_cli._train_config(args)
+    assert (config.momentum, config.beta_schedule) == (0.9, "blundell")
 
 
 def _weights(model_dir: Path) -> dict[str, torch.Tensor]:
