@@ -81,6 +81,16 @@ def subcommand_parsers(parser: argparse.ArgumentParser) -> dict[str, Any]:
     return {}
 
 
+def _version() -> str:
+    """The installed distribution's version (``unknown`` when run from a tree not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("bayesgate")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrorParser(  # its subcommands' parsers are of its class too
         prog="bayesgate",
@@ -89,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--debug", action="store_true", help="show the traceback of user errors too"
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:
@@ -126,7 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bayesgate: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("bayesgate: interrupted", file=sys.stderr)
+        hint = getattr(args, "on_interrupt", None)  # what a command keeps for a second sitting
+        print(f"bayesgate: interrupted{f'; {hint}' if hint else ''}", file=sys.stderr)
         return 130
     return int(result or 0)
 

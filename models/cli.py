@@ -75,7 +75,11 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
     _run_flags(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     adversarial_cli.add_arguments(p)
-    p.set_defaults(func=cmd_train)
+    p.set_defaults(
+        func=cmd_train,
+        on_interrupt="every finished epoch is in the checkpoint: run the same command with "
+        "--resume to continue from the last one",
+    )
 
 
 def _network_flags(p: argparse.ArgumentParser) -> None:

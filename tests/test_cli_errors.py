@@ -132,3 +132,41 @@ def test_help_is_still_the_whole_usage(capsys: pytest.CaptureFixture) -> None:
         cli.main(["train", "--help"])
     assert info.value.code == 0
     assert capsys.readouterr().out.startswith("usage: bayesgate train [-h]")
+
+
+@pytest.mark.parametrize(
+    ("command", "hint"),
+    [
+        (["evaluate", "m"], None),
+        (["train"], "run the same command with --resume to continue from the last one"),
+        (["uci", "--dataset", "yacht"], "run the same command with --resume to go on"),
+    ],
+)
+def test_an_interrupt_says_how_to_go_on_where_a_command_can(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+    command: list[str],
+    hint: str | None,
+) -> None:
+    """Ctrl-C exits 130 with one line; the commands that keep their finished work (train's
+    checkpoint, uci's finished splits) say how to continue from it."""
+    from bayesgate.models.uci import cli as uci_cli
+
+    interrupted = _fail_with(KeyboardInterrupt())
+    for module, name in ((models_cli, "cmd_evaluate"), (models_cli, "cmd_train"),
+                         (uci_cli, "cmd_uci")):  # fmt: skip
+        monkeypatch.setattr(module, name, interrupted)
+    assert cli.main(command) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("bayesgate: interrupted")
+    assert (hint is None) == (err[0] == "bayesgate: interrupted")
+    assert hint is None or hint in err[0]
+
+
+def test_version_names_the_installed_distribution(capsys: pytest.CaptureFixture) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"bayesgate {version('bayesgate')}"

@@ -73,7 +73,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="keep the splits already in --out (same settings required) and run the rest",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.set_defaults(func=cmd_uci)
+    p.set_defaults(
+        func=cmd_uci,
+        on_interrupt="every finished split is in --out: run the same command with --resume to "
+        "go on from there",
+    )
 
     t = sub.add_parser("uci-table", help="markdown table of `bayesgate uci` results vs the paper")
     t.add_argument("dirs", type=Path, nargs="+", help="folders searched for summary.json files")
