@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from bayesgate.errors import InvalidArgument, check_at_least, writable_dir
+from bayesgate.listflags import list_flag
 from bayesgate.models.device import DEVICE_CHOICES, pick_device
 from bayesgate.models.store.bundled import READ_MODEL_HELP, model_to_read
 
@@ -83,13 +84,17 @@ def _register_adaptive_eval(sub: argparse._SubParsersAction) -> None:
     )
     _common(p)
     p.add_argument("--limit", type=int, default=d.limit, help="first N test images")
-    p.add_argument("--eps", type=float, nargs="+", default=list(d.eps), help="L∞ radii")
-    p.add_argument("--weights", type=float, nargs="+", default=list(d.weights), help="λ values")
-    p.add_argument(
+    list_flag(p, "--eps", item=float, default=list(d.eps), metavar="EPS", help="L∞ radii")
+    list_flag(
+        p, "--weights", item=float, default=list(d.weights), metavar="WEIGHT", help="λ values"
+    )
+    list_flag(
+        p,
         "--joint-weights",
-        type=float,
+        item=float,
         nargs="*",
         default=[],
+        metavar="WEIGHT",
         help="also run the detector term from step 0 at these λ (shows the pinning failure)",
     )
     p.add_argument("--steps", type=int, default=d.steps, help="PGD steps")
@@ -238,6 +243,8 @@ def _check_adaptive_flags(args: argparse.Namespace) -> None:
 
     check_at_least("--steps", args.steps)
     check_at_least("--restarts", args.restarts)
+    if not args.eps:  # `--eps ,`
+        raise InvalidArgument("--eps: give at least one radius")
     for eps in args.eps:
         check_radius("--eps", eps)
     for flag in ("weights", "joint_weights"):

@@ -9,17 +9,22 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from bayesgate.attacks.robust_adaptive import adaptive_detector_step
-from bayesgate.attacks.robust_eval import RobustSettings
+from bayesgate.attacks.robust_eval import ROBUST_ATTACKS, RobustSettings
 from bayesgate.errors import InvalidArgument, check_at_least, writable_dir
 from bayesgate.extras import Need
+from bayesgate.listflags import list_flag
 from bayesgate.models.device import pick_device
 from bayesgate.models.store.bundled import model_to_read
+
+ADAPTIVE_WEIGHTS = (0.1, 1.0, 10.0)
+"""Default detector weights λ of the adaptive attack (``--adaptive-weights``)."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,7 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="model or training checkpoint directories, or bundled models' names "
         "(bayesgate-robust, bayesgate-cnn)",
     )
-    p.add_argument("--eps", default="0.1,0.2,0.3", help="comma-separated L∞ radii")
+    d = RobustSettings()
+    list_flag(p, "--eps", item=float, default=list(d.eps), metavar="EPS", help="L∞ radii")
     p.add_argument("--n", type=int, default=1000, help="first N test digits")
     p.add_argument("--out", type=Path, required=True, help="output directory (also the cache)")
     p.add_argument("--pgd-steps", type=int, default=100, help="steps of each PGD run")
@@ -42,12 +48,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--apgd-steps", type=int, default=100, help="steps of APGD-CE and APGD-DLR")
     p.add_argument("--k-attack", type=int, default=10, help="MC passes per attack query")
     p.add_argument("--k-eval", type=int, default=100, help="MC passes of the verdict")
-    p.add_argument(
-        "--attacks", default="pgd,apgd-ce,apgd-dlr", help="comma-separated attacks, worst of"
+    list_flag(
+        p,
+        "--attacks",
+        default=list(d.attacks),
+        metavar="NAME",
+        help=f"attacks, worst of ({', '.join(ROBUST_ATTACKS)})",
     )
-    p.add_argument(
+    list_flag(
+        p,
         "--adaptive-weights",
-        default="0.1,1,10",
+        item=float,
+        default=list(ADAPTIVE_WEIGHTS),
+        metavar="WEIGHT",
         help="detector weights λ of the adaptive attack on a fused detector (plain PGD always)",
     )
     p.add_argument("--adaptive-steps", type=int, default=100, help="steps of the adaptive attack")
@@ -101,9 +114,9 @@ def cmd_evaluate_robust(args: argparse.Namespace) -> int:
 
 def _settings(args: argparse.Namespace) -> RobustSettings:
     return RobustSettings(
-        eps=_floats(args.eps, "--eps"),
+        eps=tuple(args.eps),
         n=args.n,
-        attacks=tuple(a.strip() for a in args.attacks.split(",") if a.strip()),
+        attacks=tuple(args.attacks),
         pgd_steps=args.pgd_steps,
         restarts=args.restarts,
         apgd_steps=args.apgd_steps,
@@ -114,22 +127,12 @@ def _settings(args: argparse.Namespace) -> RobustSettings:
     )
 
 
-def _adaptive_weights(text: str) -> tuple[float, ...]:
-    """``--adaptive-weights``: comma-separated finite λ ≥ 0."""
-    weights = _floats(text, "--adaptive-weights")
+def _adaptive_weights(weights: Sequence[float]) -> tuple[float, ...]:
+    """``--adaptive-weights``: finite λ ≥ 0."""
     bad = [w for w in weights if not (math.isfinite(w) and w >= 0)]
     if bad:
         raise InvalidArgument(f"--adaptive-weights must be finite numbers ≥ 0, got {bad[0]}")
-    return weights
-
-
-def _floats(text: str, flag: str) -> tuple[float, ...]:
-    """``"0.1,0.2"`` → ``(0.1, 0.2)``; an empty item (``"0.1,,0.2"``, a trailing comma) or a
-    non-number is an error naming ``flag``."""
-    try:
-        return tuple(float(e) for e in text.split(","))
-    except ValueError as exc:
-        raise InvalidArgument(f"{flag} must be comma-separated numbers, got {text!r}") from exc
+    return tuple(weights)
 
 
 def load_for_evaluation(path: Path, device: torch.device) -> tuple[nn.Module, str, str]:
