@@ -252,14 +252,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         is not computed; a call the client cancels cancels this coroutine, and the worker then
         drops its job (:meth:`~bayesgate.service.worker.BatchWorker.predict`)."""
         settings = self.state.settings
-        timeout_s = settings.request_timeout_s
-        if time_remaining is not None:
-            timeout_s = min(timeout_s, max(0.0, time_remaining))
         served = self._model(request.model_name)  # served while draining, like HTTP
         check_version(served.name, request.model_version)
         payload, blob = request_payload(request)
         body = validated(self.infer_request, payload)
         parsed = parse_infer_request(body, served, settings.max_instances, blob)
+        timeout_s = parsed.timeout_s(settings.request_timeout_s)
+        if time_remaining is not None:
+            timeout_s = min(timeout_s, max(0.0, time_remaining))
         k = default_mc_samples(settings, served) if parsed.mc_samples is None else parsed.mc_samples
         predictions = await self.state.worker.predict(
             parsed.x, k, seed=parsed.seed, timeout_s=timeout_s

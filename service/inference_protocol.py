@@ -136,6 +136,13 @@ class InferParameters(BaseModel):
     binary_data_output: bool | None = Field(
         None, description="outputs as raw bytes after the JSON header (binary tensor extension)"
     )
+    timeout: int | None = Field(
+        None,
+        ge=1,
+        description="Triton's per-request timeout in microseconds (tritonclient's "
+        "infer(timeout=…)): the request's deadline is the sooner of it and the server's "
+        "request timeout",
+    )
 
 
 class InputParameters(BaseModel):
@@ -344,6 +351,14 @@ class ParsedInfer:
     seed: int | None
     outputs: list[str]
     binary_outputs: frozenset[str] = frozenset()  # sent as raw bytes after the JSON header
+    timeout_us: int | None = None  # the request's own timeout (Triton's parameter), µs
+
+    def timeout_s(self, server_timeout_s: float) -> float:
+        """The request's time budget: the server's request timeout, or the request's own
+        ``timeout`` parameter when that is sooner."""
+        if self.timeout_us is None:
+            return server_timeout_s
+        return min(server_timeout_s, self.timeout_us / 1e6)
 
 
 def _input_dims(tensor: InferInputTensor, shape: tuple[int, ...], max_instances: int) -> list[int]:
@@ -443,6 +458,7 @@ def parse_infer_request(
         parameters.seed,
         outputs,
         _binary_outputs(request, outputs, bool(parameters.binary_data_output)),
+        parameters.timeout,
     )
 
 

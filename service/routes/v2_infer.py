@@ -77,7 +77,7 @@ class InferEndpoint(LeanEndpoint):
             parsed.x,
             k,
             seed=parsed.seed,
-            timeout_s=settings.request_timeout_s,
+            timeout_s=parsed.timeout_s(settings.request_timeout_s),
             arrived=arrived_at(request.scope),
             client_gone=partial(client_gone, request),
         )

@@ -326,3 +326,32 @@ async def test_refused_submit_raises_queue_full_with_the_work(
         engine.release()
         assert len(await ok) == 2
         await first
+
+
+async def test_the_request_s_own_timeout_parameter_bounds_its_deadline(
+    serving: Callable[[Settings], Any], make_settings: Callable[..., Settings]
+) -> None:
+    """Triton's per-request ``timeout`` parameter (µs; tritonclient's ``infer(timeout=…)``,
+    which used to be a 400 "unknown field"): behind a held engine call, a ``/v2`` request with
+    ``timeout`` 0.2 s is answered 503 and dropped long before the server's own timeout; one
+    without it waits and is answered. A timeout that is not a positive integer is a 400."""
+    tensor = {"name": "input", "datatype": "FP32", "shape": [2, 1, 28, 28], "data": [0.5] * 1568}
+    infer = "/v2/models/tiny-mlp/infer"
+    async with serving(make_settings(max_batch_size=64, request_timeout_s=WAIT_S)) as (app, c):
+        for bad in (0, -5, "1000", 1.5):
+            r = await c.post(infer, json={"inputs": [tensor], "parameters": {"timeout": bad}})
+            assert r.status_code == 400 and "timeout" in r.json()["error"], r.text
+        worker, engine, first = await held_worker(app)
+        started = time.monotonic()
+        r = await c.post(infer, json={"inputs": [tensor], "parameters": {"timeout": 200_000}})
+        assert r.status_code == 503 and "request timeout of 0.2 s" in r.text, r.text
+        assert time.monotonic() - started < WAIT_S / 2
+        patient = asyncio.create_task(
+            c.post(infer, json={"inputs": [tensor], "parameters": {"timeout": 10**9}})
+        )
+        await until(lambda: worker.queue_depth() == 1)
+        engine.release()
+        assert (await patient).status_code == 200
+        await first
+        assert dropped(app, "deadline") == 1
+        assert engine.calls == [1, 2]  # the timed-out request never reached the engine

@@ -40,6 +40,8 @@ async def test_stock_grpc_client_equals_v1_and_metadata(
             meta = await grpc.get_model_metadata("tiny-mlp", as_json=True)
             config = (await grpc.get_model_config("tiny-mlp", as_json=True))["config"]
             everything = await grpc.infer("tiny-mlp", [_input(x)], parameters=params)
+            # Triton's per-request timeout (µs) is a parameter the server takes
+            timed = await grpc.infer("tiny-mlp", [_input(x)], parameters=params, timeout=10**7)
             chosen = await grpc.infer(
                 "tiny-mlp",
                 [_input(x)],
@@ -67,7 +69,7 @@ async def test_stock_grpc_client_equals_v1_and_metadata(
     assert response["parameters"]["seed"]["int64_param"] == str(SEED)
     assert chosen.get_response().id == "g-1"
     assert [o.name for o in chosen.get_response().outputs] == ["label", "probabilities"]
-    for result in (everything, chosen):
+    for result in (everything, chosen, timed):
         probs = result.as_numpy("probabilities")
         assert probs.dtype == np.float32 and probs.shape == (3, 10)
         assert probs.tolist() == np.asarray([r["probabilities"] for r in rows], np.float32).tolist()
