@@ -73,6 +73,13 @@ class UnsupportedMediaType(ServiceError):
     code = "unsupported_media_type"
 
 
+class UnsupportedTransferCoding(ServiceError):
+    """The request's ``Transfer-Encoding`` holds a coding other than ``chunked`` (RFC 9112 §6.1:
+    a server that does not understand a transfer coding answers 501)."""
+
+    code = "unsupported_transfer_coding"
+
+
 class ModelNotFound(ServiceError):
     """``/v1/models/{name}`` names a model this server does not serve."""
 
@@ -151,6 +158,7 @@ HTTP_STATUS: dict[type[ServiceError], int] = {
     HeadersTooLarge: 431,
     BodyTimeout: 408,
     UnsupportedMediaType: 415,
+    UnsupportedTransferCoding: 501,
     ModelNotFound: 404,
     DemoDisabled: 404,
     NotReady: 503,

@@ -37,6 +37,7 @@ from bayesgate.service.errors import (
     HeadersTooLarge,
     PayloadTooLarge,
     UnsupportedMediaType,
+    UnsupportedTransferCoding,
     error_response,
     is_v2_path,
 )
@@ -182,6 +183,26 @@ def arrived_at(scope: Scope) -> float:
     return scope.get(ARRIVED, time.monotonic())
 
 
+def transfer_coding_error(headers: Any) -> UnsupportedTransferCoding | None:
+    """501 for a ``Transfer-Encoding`` with a coding other than ``chunked`` (``gzip, chunked``):
+    the HTTP parser undoes only the chunking, so the body would reach the routes still
+    compressed and be judged as bad JSON or a bad tensor."""
+    codings = [
+        c.strip().lower()
+        for name, value in headers
+        if name.lower() == b"transfer-encoding"
+        for c in value.decode("latin-1").split(",")
+        if c.strip()
+    ]
+    other = [c for c in codings if c != "chunked"]
+    if not other:
+        return None
+    return UnsupportedTransferCoding(
+        f"Transfer-Encoding {', '.join(codings)} is not supported: only chunked; send the "
+        "body uncompressed"
+    )
+
+
 def content_encoding_error(method: str, headers: Any) -> UnsupportedMediaType | None:
     """415 for a compressed request body (``Content-Encoding`` other than ``identity``): the
     service reads bodies as sent, and a gzip body would otherwise be judged as JSON, a tensor
@@ -234,7 +255,9 @@ class BodyLimitMiddleware:
         if error is not None:
             await error_response(error, v2=v2)(scope, receive, send)
             return
-        coded = content_encoding_error(scope.get("method", ""), headers)
+        coded = transfer_coding_error(headers) or content_encoding_error(
+            scope.get("method", ""), headers
+        )
         if coded is not None:
             await error_response(coded, v2=v2)(scope, receive, send)
             return

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from bayesgate.service.middleware import content_encoding_error
+from bayesgate.service.middleware import content_encoding_error, transfer_coding_error
 from bayesgate.service.settings import Settings
 
 pytestmark = pytest.mark.anyio
@@ -152,6 +152,21 @@ async def test_a_compressed_body_is_415_naming_the_encoding(client: Any) -> None
     assert content_encoding_error("GET", [(b"content-encoding", b"gzip")]) is None
     both = content_encoding_error("POST", [(b"content-encoding", b"identity, br")])
     assert both is not None and "Content-Encoding identity, br" in both.message
+
+
+async def test_a_transfer_coding_other_than_chunked_is_501_naming_it(client: Any) -> None:
+    """``Transfer-Encoding: gzip, chunked``: the HTTP parser undoes the chunking only, so the
+    body used to reach the route still gzipped and be refused as "not valid JSON"."""
+    for path in ("/v1/predict", "/v2/models/tiny-mlp/infer"):
+        headers = {"content-type": "application/json", "transfer-encoding": "gzip, chunked"}
+        r = await client.post(path, content=b"{}", headers=headers)
+        assert r.status_code == 501, r.text
+        assert r.json()["error"] == (
+            "Transfer-Encoding gzip, chunked is not supported: only chunked; send the body "
+            "uncompressed"
+        )
+    assert transfer_coding_error([(b"Transfer-Encoding", b"chunked")]) is None
+    assert transfer_coding_error([(b"content-type", b"gzip")]) is None
 
 
 async def test_bad_uploads_are_rejected(client: Any) -> None:
