@@ -19,7 +19,7 @@ from bayesgate.attacks.specs import (
 )
 from bayesgate.errors import InvalidArgument, check_at_least, writable_dir, writable_file
 from bayesgate.extras import Need
-from bayesgate.models.device import DEVICE_CHOICES, pick_device
+from bayesgate.models.device import DEVICE_CHOICES, add_threads_flag, pick_device, set_threads
 from bayesgate.models.mc.uncertainty import SCORES
 from bayesgate.models.store.bundled import READ_MODEL_HELP, model_to_read
 
@@ -44,6 +44,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of dropout masks and random starts")
     p.add_argument("--batch-size", type=int, default=100, help="images per attack batch")
     p.add_argument("--device", default="auto", help=f"one of {', '.join(DEVICE_CHOICES)}")
+    add_threads_flag(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -225,6 +226,7 @@ def cmd_attack(args: argparse.Namespace) -> int:
     attack = _attack(args)
     for name in ("k", "k_eval", "limit", "batch_size"):
         check_at_least("--" + name.replace("_", "-"), getattr(args, name))
+    set_threads(args.threads)
     writable_file(args.out, "--out", ".npz")  # before the attack, not after it
     device = pick_device(args.device)
     loaded = load_model(args.model, device)
@@ -264,6 +266,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     for name in ("k", "k_attack", "val_limit", "test_limit", "batch_size"):
         check_at_least("--" + name.replace("_", "-"), getattr(args, name))
+    set_threads(args.threads)
     device = pick_device(args.device)
     loaded = load_model(args.model, device)
     run = calibrate(
@@ -316,6 +319,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     for name in ("k", "k_eval", "limit", "batch_size", "steps"):
         check_at_least("--" + name.replace("_", "-"), getattr(args, name))
     check_at_least("--slow-limit", args.cw_limit)  # 0 read as no limit, −1 as all but one
+    set_threads(args.threads)  # recorded as torch_threads
     writable_dir(args.out, "--out")
     device = pick_device(args.device)
     models = [load_model(d, device) for d in args.models]

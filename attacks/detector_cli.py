@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from bayesgate.errors import InvalidArgument
-from bayesgate.models.device import DEVICE_CHOICES, pick_device
+from bayesgate.models.device import DEVICE_CHOICES, add_threads_flag, pick_device, set_threads
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -85,7 +85,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=d.seed, help="seed of masks, splits, subsamples")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="images per attack batch")
     p.add_argument("--device", default="auto", help=f"one of {', '.join(DEVICE_CHOICES)}")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    add_threads_flag(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_fit_detector, needs=_needs)
 
@@ -97,8 +97,6 @@ def _needs(args: argparse.Namespace) -> list[Any]:
 
 
 def cmd_fit_detector(args: argparse.Namespace) -> int:
-    import torch
-
     from bayesgate.attacks.detector_fit import FitSettings, fit_detector
     from bayesgate.models.store.directory import load_model
 
@@ -106,8 +104,7 @@ def cmd_fit_detector(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise InvalidArgument(f"--{name.replace('_', '-')} must be ≥ 1, got {value}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     settings = FitSettings(
         k=args.k,
         k_attack=args.k_attack,

@@ -10,7 +10,7 @@ from typing import Any
 
 from bayesgate.errors import InvalidArgument, check_at_least, writable_dir
 from bayesgate.listflags import list_flag
-from bayesgate.models.device import DEVICE_CHOICES, pick_device
+from bayesgate.models.device import DEVICE_CHOICES, add_threads_flag, pick_device, set_threads
 from bayesgate.models.store.bundled import READ_MODEL_HELP, model_to_read
 
 
@@ -34,7 +34,7 @@ def _common(p: argparse.ArgumentParser) -> None:
         "(default: detect-eval/ in the user cache, ~/.cache/bayesgate/detect-eval)",
     )
     p.add_argument("--device", default="auto", help=f"one of {', '.join(DEVICE_CHOICES)}")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    add_threads_flag(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -117,13 +117,10 @@ def _register_adaptive_eval(sub: argparse._SubParsersAction) -> None:
 
 
 def _load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
-    import torch
-
     from bayesgate.models.detection.store import DETECTOR_JSON, load_detector
     from bayesgate.models.store.directory import load_model
 
-    if args.threads:  # the flags were checked by check_common before anything was loaded
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)  # checked by check_common before anything was loaded
     device = pick_device(args.device)
     loaded = load_model(args.model, device)
     if not (Path(args.model) / DETECTOR_JSON).is_file():

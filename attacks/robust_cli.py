@@ -20,7 +20,7 @@ from bayesgate.attacks.robust_eval import ROBUST_ATTACKS, RobustSettings
 from bayesgate.errors import InvalidArgument, check_at_least, writable_dir
 from bayesgate.extras import Need
 from bayesgate.listflags import list_flag
-from bayesgate.models.device import pick_device
+from bayesgate.models.device import add_threads_flag, pick_device, set_threads
 from bayesgate.models.store.bundled import model_to_read
 
 ADAPTIVE_WEIGHTS = (0.1, 1.0, 10.0)
@@ -66,7 +66,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--adaptive-steps", type=int, default=100, help="steps of the adaptive attack")
     p.add_argument("--batch-size", type=int, default=100, help="images per attack batch")
     p.add_argument("--seed", type=int, default=0, help="seed of masks and random starts")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    add_threads_flag(p)
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     # its attacks (PGD with restarts, APGD) are our own; only the plot needs an extra
@@ -84,8 +84,7 @@ def cmd_evaluate_robust(args: argparse.Namespace) -> int:
     weights = _adaptive_weights(args.adaptive_weights)
     check_at_least("--adaptive-steps", args.adaptive_steps)
     writable_dir(args.out, "--out")
-    if args.threads is not None:
-        torch.set_num_threads(max(1, args.threads))
+    set_threads(args.threads)
     device = pick_device(args.device)
     networks = [(path, *load_for_evaluation(path, device)) for path in args.models]
     x, y = load_mnist("test", limit=settings.n)

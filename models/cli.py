@@ -20,7 +20,7 @@ from bayesgate.errors import (
 )
 from bayesgate.models import adversarial_cli
 from bayesgate.models.data.mnist import DEFAULT_VAL_SIZE
-from bayesgate.models.device import DEVICE_CHOICES, pick_device, set_threads
+from bayesgate.models.device import DEVICE_CHOICES, add_threads_flag, pick_device, set_threads
 from bayesgate.models.networks.bbb.layers import SAMPLING_MODES
 from bayesgate.models.networks.registry import build_network, preset_architecture, preset_names
 from bayesgate.models.store import bundled
@@ -216,6 +216,7 @@ def _add_evaluate_parser(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--batch-size", type=int, default=500, help="images per MC batch")
     e.add_argument("--seed", type=int, default=0, help="seed of the dropout masks")
     e.add_argument("--device", default="auto", help=f"one of {', '.join(DEVICE_CHOICES)}")
+    add_threads_flag(e)
     e.add_argument("--write-card", action="store_true", help="store the metrics in the model card")
     e.add_argument("--json", type=Path, default=None, help="also write the metrics to this file")
     e.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -524,6 +525,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         writable_file(args.json, "--json")
     # a bundled model's name reads the bundled model; --write-card writes into a directory only
     model_dir = args.model if args.write_card else resolve_model_dir(args.model)
+    set_threads(args.threads)
     device = pick_device(args.device)
     loaded = load_model(model_dir, device)
     x, y = load_mnist(args.split, val_size=loaded.card.training.val_size, limit=args.limit)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 import torch
 
 from bayesgate.errors import DeviceUnavailable, InvalidArgument
@@ -27,6 +29,16 @@ def pick_device(preference: str = "auto") -> torch.device:
             f"device {preference!r} requested but CUDA is not available on this host"
         )
     return torch.device(preference)
+
+
+THREADS_HELP = "torch CPU threads"
+"""Help of ``--threads`` on the commands that compute (see :func:`add_threads_flag`)."""
+
+
+def add_threads_flag(parser: argparse.ArgumentParser) -> None:
+    """``--threads N`` (default None: torch's own count, every core); the command applies it with
+    :func:`set_threads` before its work."""
+    parser.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
 
 
 def set_threads(threads: int | None) -> None:

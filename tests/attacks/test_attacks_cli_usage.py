@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from bayesgate.attacks import cli as attacks_cli
-from bayesgate.cli import build_parser, main
+from bayesgate.cli import build_parser, main, subcommand_parsers
 
 
 def _never(*args: Any, **kwargs: Any) -> Any:
@@ -71,3 +71,64 @@ def test_attack_takes_either_form_alone(
     attack = attacks_cli._attack(args)
     assert attack.name == name
     assert {key: getattr(attack, key) for key in params} == params
+
+
+# --- --threads on every command that computes ------------------------------------------------
+
+THREADS_COMMANDS = {  # a command line up to --threads; every one loads the tiny model first
+    "evaluate": ["evaluate", "{model}", "--limit", "5", "--k", "2"],
+    "attack": ["attack", "{model}", "--out", "{tmp}/adv.npz", "--limit", "5"],
+    "calibrate": ["calibrate", "{model}", "--val-limit", "5", "--test-limit", "5"],
+    "sweep": ["sweep", "{model}", "--figure", "6", "--limit", "5", "--out", "{tmp}/s"],
+    "evaluate-robust": ["evaluate-robust", "{model}", "--n", "5", "--out", "{tmp}/r"],
+}
+
+
+def _argv(command: str, model: Path, tmp_path: Path, *more: str) -> list[str]:
+    words = [w.format(model=model, tmp=tmp_path) for w in THREADS_COMMANDS[command]]
+    return [*words, *more, "--no-progress"]
+
+
+@pytest.fixture
+def no_model_loading(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loading a model fails the test: the flags must have been checked (and applied) before."""
+    monkeypatch.setattr("bayesgate.models.store.directory.load_model", _never)
+    monkeypatch.setattr("bayesgate.models.cli.load_model", _never)
+    monkeypatch.setattr("bayesgate.attacks.robust_cli.load_for_evaluation", _never)
+
+
+@pytest.mark.parametrize("command", sorted(THREADS_COMMANDS))
+def test_threads_below_one_is_refused_before_any_work(
+    command: str,
+    model_copy: Path,
+    tmp_path: Path,
+    no_model_loading: None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(_argv(command, model_copy, tmp_path, "--threads", "0")) == 2
+    assert _error(capsys) == "--threads must be ≥ 1, got 0"
+
+
+@pytest.mark.parametrize("command", sorted(THREADS_COMMANDS))
+def test_threads_is_applied_before_the_model_is_loaded(
+    command: str,
+    model_copy: Path,
+    tmp_path: Path,
+    no_model_loading: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch
+
+    applied: list[int] = []
+    monkeypatch.setattr(torch, "set_num_threads", applied.append)
+    with pytest.raises(AssertionError, match="the work started"):
+        main(_argv(command, model_copy, tmp_path, "--threads", "3"))
+    assert applied == [3]
+
+
+@pytest.mark.parametrize("command", ["evaluate", "attack", "calibrate", "sweep"])
+def test_threads_has_the_same_help_and_default_as_the_other_commands(command: str) -> None:
+    parsers = subcommand_parsers(build_parser())
+    (reference,) = [a for a in parsers["detect-eval"]._actions if "--threads" in a.option_strings]
+    (action,) = [a for a in parsers[command]._actions if "--threads" in a.option_strings]
+    assert (action.help, action.default, action.type) == (reference.help, None, int)
