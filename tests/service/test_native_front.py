@@ -682,3 +682,34 @@ def test_what_cannot_become_a_request_is_refused_at_once_on_both_ports(
         got, closed = exchange(port, sent)
         assert got and status_and_body(got)[0] == status, (port, got[:200])
         assert closed is not None and closed < 3, (port, closed)
+
+
+def test_a_repeated_content_length_or_transfer_encoding_is_refused_as_on_the_main_port(
+    both_ports: tuple[int, int],
+) -> None:
+    """A fast-path request with its ``Content-Length`` twice (equal values) was answered 200 by
+    the native port; httptools answers 400 "Duplicate Content-Length". It is now relayed: the
+    same answer on both ports, as for ``Transfer-Encoding`` beside ``Content-Length`` and a
+    repeated ``Transfer-Encoding`` (request smuggling's ambiguous framings)."""
+    main, native = both_ports
+    x = torch.rand(1, 1, 28, 28, generator=torch.Generator().manual_seed(3))
+    body, headers = binary_body(x, {"seed": 1, "binary_data_output": True})
+    head = (
+        "POST /v2/models/tiny-mlp/infer HTTP/1.1\r\nHost: x\r\n"
+        "Content-Type: application/octet-stream\r\n"
+        f"Inference-Header-Content-Length: {headers['Inference-Header-Content-Length']}\r\n"
+    ).encode()
+    length = f"Content-Length: {len(body)}\r\n".encode()
+    chunked = b"Transfer-Encoding: chunked\r\n"
+    chunks = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    got, _ = exchange(native, head + length + b"Connection: close\r\n\r\n" + body)
+    assert got.startswith(b"HTTP/1.1 200 ") and b"server: uvicorn" not in got  # taken natively
+    for request in (
+        head + length + length + b"\r\n" + body,
+        head + length + chunked + b"\r\n" + chunks,
+        head + chunked + chunked + b"\r\n" + chunks,
+    ):
+        (a, _), (b, closed) = exchange(main, request), exchange(native, request)
+        assert status_and_body(a)[0] == 400 and status_and_body(a) == status_and_body(b), (a, b)
+        assert b"server: uvicorn" in b and closed is not None and closed < 3, (b, closed)
+    assert b"Duplicate Content-Length" in exchange(native, head + length + length + b"\r\n")[0]

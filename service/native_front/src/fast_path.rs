@@ -22,7 +22,7 @@ pub enum RelayReason {
     /// Rule 1: `Inference-Header-Content-Length` missing, repeated, not digits or not within
     /// the body.
     HeaderLength,
-    /// Rule 1: no Content-Length, or Transfer-Encoding present.
+    /// Rule 1: no Content-Length or more than one, or Transfer-Encoding present.
     Framing,
     /// `Expect` present (the Python service handles `100-continue`).
     Expect,
@@ -102,7 +102,10 @@ pub fn check_head(cfg: &Config, head: &Head, framing: Framing) -> Result<usize, 
         (Some(v), None) => parse_digits(v, 18).ok_or(RelayReason::HeaderLength)?,
         _ => return Err(RelayReason::HeaderLength),
     };
-    if head.has("transfer-encoding") || !head.has("content-length") {
+    // exactly one Content-Length: httptools refuses a repeated one even with equal values (400
+    // "Duplicate Content-Length"), h11 takes it; either way the service's answer, not a 200 here
+    let mut cl = head.values("content-length");
+    if head.has("transfer-encoding") || cl.next().is_none() || cl.next().is_some() {
         return Err(RelayReason::Framing);
     }
     if head.has("expect") {
@@ -398,6 +401,16 @@ pub(crate) mod tests {
         );
         assert_eq!(
             head_variant(("Host: x\r\n", "Transfer-Encoding: chunked\r\n")),
+            Err(RelayReason::Framing)
+        );
+        let cl = format!("Content-Length: {}\r\n", header_json(1, BIN).len() + 16);
+        assert!(head_variant((&cl, &cl)).is_ok());
+        assert_eq!(head_variant((&cl, &format!("{cl}{cl}"))), Err(RelayReason::Framing));
+        assert_eq!(
+            head_variant((
+                &cl,
+                &format!("{cl}Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n")
+            )),
             Err(RelayReason::Framing)
         );
         assert_eq!(

@@ -1,10 +1,11 @@
 //! Loopback tests of requests the main port answers at once, which the native port must not
 //! hold for its read timeout: a relayed request whose body never comes once the service has
 //! answered it, bytes that cannot begin an HTTP request, a head still arriving past the main
-//! port's head limit. The read timeout is long here (20 s): a test that waits for it fails its
+//! port's head limit; and a fast-path request with a repeated `Content-Length`, which the main
+//! port refuses. The read timeout is long here (20 s): a test that waits for it fails its
 //! time bound.
 
-use crate::roundtrip_tests::start;
+use crate::roundtrip_tests::{fake_upstream, infer_request, start};
 use crate::roundtrip_v2_tests::{config, finish};
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -133,5 +134,34 @@ fn a_head_still_arriving_past_the_main_port_s_limit_is_431_at_once() {
         String::from_utf8_lossy(&got)
     );
     assert!(took < Duration::from_secs(5), "closed after {took:?}");
+    finish(h);
+}
+
+#[test]
+fn a_repeated_content_length_is_the_service_s_to_judge() {
+    // httptools answers 400 "Duplicate Content-Length" even for equal values (h11 takes them):
+    // such a request is relayed, never answered 200 natively.
+    let (upstream, seen, up_thread) = fake_upstream(1);
+    let (h, port) = start_front(&upstream, "");
+    let request = infer_request(1, 0.5, r#","parameters":{"binary_data_output":true}"#, "");
+    let text = String::from_utf8_lossy(&request).into_owned();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("Content-Length:"))
+        .unwrap()
+        .to_string();
+    let at = text.find(&format!("\r\n{line}\r\n")).unwrap() + line.len() + 4;
+    let mut twice = request[..at].to_vec();
+    twice.extend_from_slice(format!("{line}\r\n").as_bytes());
+    twice.extend_from_slice(&request[at..]);
+    let (got, _) = exchange(port, &twice);
+    assert!(
+        got.starts_with(b"HTTP/1.1 418 I'm a teapot\r\n"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+    up_thread.join().unwrap();
+    let forwarded = String::from_utf8_lossy(&seen.lock().unwrap()[0]).into_owned();
+    assert_eq!(forwarded.matches(&format!("\n{line}\r")).count(), 2, "{forwarded}");
     finish(h);
 }
