@@ -113,6 +113,10 @@ class InMemoryMultiPartParser(MultiPartParser):
     streams in (413), as a JSON body, which is held in memory too."""
 
     spool_max_size = sys.maxsize
+    ended = False  # the closing boundary was read (python-multipart's on_end)
+
+    def on_end(self) -> None:
+        self.ended = True
 
 
 async def read_form(request: Request) -> None:
@@ -125,9 +129,16 @@ async def read_form(request: Request) -> None:
             parser = InMemoryMultiPartParser(
                 request.headers, stream, max_files=MAX_FORM_FILES, max_fields=MAX_FORM_FIELDS
             )
-            request._form = await parser.parse()
+            form = await parser.parse()
     except MultiPartException as exc:  # malformed, or too many files, fields or field bytes
         raise InvalidInput(f"body: unreadable multipart form ({exc.message})") from None
+    if not parser.ended:  # a cut upload parses as the fields before the cut: say what it is
+        await form.close()
+        raise InvalidInput(
+            "body: unreadable multipart form (it ends before its closing boundary: a truncated "
+            "upload, or a boundary other than the Content-Type's)"
+        )
+    request._form = form
 
 
 class ReadBodyFirst(APIRoute):

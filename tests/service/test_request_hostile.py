@@ -572,6 +572,25 @@ async def test_file_sent_as_a_text_field_says_so(served: tuple[Any, Any]) -> Non
     assert engine_calls(app) == 0
 
 
+async def test_a_truncated_upload_says_so(served: tuple[Any, Any]) -> None:
+    """A form cut before its closing boundary used to parse as the fields before the cut and be
+    answered "file: Field required"; the whole form still answers."""
+    app, client = served
+    png = pillow_png(digit_pixels())
+    whole = (
+        b'--b\r\nContent-Disposition: form-data; name="seed"\r\n\r\n1\r\n'
+        b'--b\r\nContent-Disposition: form-data; name="file"; filename="d.png"\r\n'
+        b"Content-Type: image/png\r\n\r\n" + png + b"\r\n--b--\r\n"
+    )
+    headers = {"content-type": "multipart/form-data; boundary=b"}
+    for cut in (whole[: whole.index(png) + 40], whole[:-8], whole[: whole.index(b"--b\r\nC", 5)]):
+        r = await client.post("/v1/predict/file", content=cut, headers=headers)
+        assert_error(r, 422, "body: unreadable multipart form", "ends before its closing boundary")
+    assert engine_calls(app) == 0
+    r = await client.post("/v1/predict/file", content=whole, headers=headers)
+    assert r.status_code == 200, r.text
+
+
 # --- 9. messages that name the problem ----------------------------------------------------------
 
 
