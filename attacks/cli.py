@@ -154,7 +154,13 @@ def _register_sweep(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--attacks", nargs="+", default=None, metavar="SPEC", help="detection: attack specs"
     )
-    p.add_argument("--out", type=Path, default=Path("docs/attacks"), help="output directory")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,  # sweep_out(): a folder of the current directory named for the figure
+        help="output directory (default: sweep-figure6, sweep-figure7 or sweep-detection in the "
+        "current directory, by --figure)",
+    )
     p.add_argument(
         "--append",
         action="store_true",
@@ -310,6 +316,17 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def sweep_stem(figure: str) -> str:
+    """The file stem of a figure's outputs: ``figure6``, ``figure7``, ``detection``."""
+    return "detection" if figure == "detection" else f"figure{figure}"
+
+
+def sweep_out(args: argparse.Namespace) -> Path:
+    """``--out``, else ``sweep-<stem>`` in the current directory: never the repository's
+    ``docs/attacks``, whose committed results a default there overwrote."""
+    return args.out if args.out is not None else Path(f"sweep-{sweep_stem(args.figure)}")
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     import torch
 
@@ -320,21 +337,26 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         check_at_least("--" + name.replace("_", "-"), getattr(args, name))
     check_at_least("--slow-limit", args.cw_limit)  # 0 read as no limit, −1 as all but one
     set_threads(args.threads)  # recorded as torch_threads
+    args.out = sweep_out(args)
     writable_dir(args.out, "--out")
     device = pick_device(args.device)
     models = [load_model(d, device) for d in args.models]
-    t0 = time.perf_counter()
     x, y = _sweep_images(args.figure, args.limit)
-    config, rows = _run_sweep(args, models, x, y, device)
-    described = [sweep.describe(m) for m in models]
-    seconds = round(time.perf_counter() - t0, 1)
+    config: dict[str, Any] = {}
+    rows: list[dict[str, Any]] = []
+    seconds: dict[str, float] = {}  # per model (the figure functions run one model at a time)
+    for loaded in models:
+        t0 = time.perf_counter()
+        config, model_rows = _run_sweep(args, [loaded], x, y, device)
+        rows += model_rows
+        seconds[loaded.card.name] = round(time.perf_counter() - t0, 1)
     meta = {
         **config,
-        "models": described,
-        "seconds": {", ".join(d["name"] for d in described): seconds},
+        "models": [sweep.describe(m) for m in models],
+        "seconds": seconds,
         "torch_threads": torch.get_num_threads(),
     }
-    stem = "detection" if args.figure == "detection" else f"figure{args.figure}"
+    stem = sweep_stem(args.figure)
     path = args.out / f"{stem}.json"
     if args.append and path.is_file():
         meta, rows = _merge_sweep(json.loads(path.read_text()), meta, rows, config, path)

@@ -4,6 +4,8 @@ with ``--attack`` or a parameter flag), no default output inside the repository'
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,8 @@ import pytest
 
 from bayesgate.attacks import cli as attacks_cli
 from bayesgate.cli import build_parser, main, subcommand_parsers
+
+PARSERS = subcommand_parsers(build_parser())
 
 
 def _never(*args: Any, **kwargs: Any) -> Any:
@@ -128,7 +132,45 @@ def test_threads_is_applied_before_the_model_is_loaded(
 
 @pytest.mark.parametrize("command", ["evaluate", "attack", "calibrate", "sweep"])
 def test_threads_has_the_same_help_and_default_as_the_other_commands(command: str) -> None:
-    parsers = subcommand_parsers(build_parser())
-    (reference,) = [a for a in parsers["detect-eval"]._actions if "--threads" in a.option_strings]
-    (action,) = [a for a in parsers[command]._actions if "--threads" in a.option_strings]
+    (reference,) = [a for a in PARSERS["detect-eval"]._actions if "--threads" in a.option_strings]
+    (action,) = [a for a in PARSERS[command]._actions if "--threads" in a.option_strings]
     assert (action.help, action.default, action.type) == (reference.help, None, int)
+
+
+# --- sweep: the default output folder, per-model seconds -------------------------------------
+
+
+@pytest.fixture
+def restore_threads() -> Iterator[None]:
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_sweep_writes_into_a_folder_of_the_current_directory_by_default(
+    tiny_model_dir: Path,
+    tiny_det_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    restore_threads: None,
+) -> None:
+    """Not ``docs/attacks`` (in a checkout: the committed results) but ``./sweep-figure6``."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["sweep", str(tiny_det_dir), str(tiny_model_dir), "--figure", "6", "--limit", "5",
+            "--k", "2", "--k-eval", "2", "--threads", "1", "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    assert not (tmp_path / "docs").exists()
+    out = tmp_path / "sweep-figure6"
+    names = {p.name for p in out.iterdir()}
+    assert names == {"figure6.csv", "figure6.json", "figure6.md", "figure6.png"}
+    meta = json.loads((out / "figure6.json").read_text())
+    assert meta["seconds"].keys() == {"tiny-mlp-2x32-det", "tiny-mlp-2x32"}  # one per model
+    assert all(s >= 0 for s in meta["seconds"].values())
+    assert meta["torch_threads"] == 1
+
+
+def test_sweep_out_help_names_the_default() -> None:
+    (action,) = [a for a in PARSERS["sweep"]._actions if "--out" in a.option_strings]
+    assert "sweep-figure6" in action.help and action.default is None
