@@ -111,6 +111,26 @@ def add_metadata_routes(router: APIRouter) -> None:
         draining."""
         return {"ready": True}
 
+    @router.get("/models/stats", include_in_schema=False)
+    @router.get("/models/{name}/stats", include_in_schema=False)
+    async def statistics() -> None:
+        """Triton's statistics extension is not served (the server metadata does not list it):
+        say so, rather than "unknown model 'stats'"."""
+        raise ModelNotFound(
+            "the statistics extension is not served (it is not in the server metadata's "
+            "extensions): this server's counters are Prometheus metrics at GET /metrics"
+        )
+
+    @router.post("/repository/index", responses=error_responses(503, v2=True))
+    async def repository_index(served: ServedDep, request: Request) -> list[dict[str, str]]:
+        """The models this server holds (Triton's repository index, what tritonclient's
+        ``get_model_repository_index()`` reads): one, unversioned; READY, or UNAVAILABLE while
+        the server drains."""
+        draining = getattr(request.app.state, "draining", False)
+        return [
+            {"name": served.name, "version": "", "state": "UNAVAILABLE" if draining else "READY"}
+        ]
+
     @router.get(
         "/models/{name}",
         response_model=ModelMetadata,

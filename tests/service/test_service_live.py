@@ -80,6 +80,13 @@ def test_triton_client_liveness_readiness_metadata_and_inference(
     try:
         assert client.is_server_live() and client.is_server_ready()
         assert client.is_model_ready("tiny-mlp") and not client.is_model_ready("other")
+        assert not client.is_model_ready("tiny-mlp", "1")  # unversioned: a JSON 404
+        assert client.get_model_repository_index() == [
+            {"name": "tiny-mlp", "version": "", "state": "READY"}
+        ]
+        for model in ("", "tiny-mlp"):
+            with pytest.raises(triton.InferenceServerException, match="statistics extension"):
+                client.get_inference_statistics(model)
         assert client.get_server_metadata()["name"] == "bayesgate"
         meta = client.get_model_metadata("tiny-mlp")
         assert meta["inputs"][0] == {"name": "input", "datatype": "FP32", "shape": [-1, 1, 28, 28]}
@@ -98,7 +105,9 @@ def test_triton_client_liveness_readiness_metadata_and_inference(
             request_id="triton-1",
             parameters={"mc_samples": K, "seed": SEED},
         )
-        everything = client.infer("tiny-mlp", [tensor], parameters={"mc_samples": K, "seed": SEED})
+        everything = client.infer(
+            "tiny-mlp", [tensor], parameters={"mc_samples": K, "seed": SEED}, timeout=10**7
+        )  # Triton's per-request timeout (µs), as tritonclient sends it
         as_json = triton.InferInput("input", list(x.shape), "FP32")
         as_json.set_data_from_numpy(x, binary_data=False)
         json_result = client.infer(
