@@ -333,11 +333,15 @@ def _one_line(row: dict[str, Any]) -> str:
     )
 
 
+def adaptive_paths(out: Path | str) -> dict[str, Path]:
+    """The files :func:`write_adaptive` writes into ``out``, by kind."""
+    return {"json": Path(out) / "adaptive.json", "md": Path(out) / "adaptive.md"}
+
+
 def write_adaptive(result: dict[str, Any], out: Path | str) -> dict[str, Path]:
     """``adaptive.json`` and ``adaptive.md`` (the table) in ``out``."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / "adaptive.json", "md": out / "adaptive.md"}
+    Path(out).mkdir(parents=True, exist_ok=True)
+    paths = adaptive_paths(out)
     clean = json.loads(json.dumps(result, default=float))
     paths["json"].write_text(json.dumps(clean, indent=2, ensure_ascii=False) + "\n")
     paths["md"].write_text(adaptive_table(result))

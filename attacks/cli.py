@@ -22,6 +22,7 @@ from bayesgate.extras import Need
 from bayesgate.models.device import DEVICE_CHOICES, add_threads_flag, pick_device, set_threads
 from bayesgate.models.mc.uncertainty import SCORES
 from bayesgate.models.store.bundled import READ_MODEL_HELP, model_to_read
+from bayesgate.outputs import note_replacing
 
 FIGURES = ("6", "7", "detection")
 PARAM_DEST = "attack_param_"
@@ -234,6 +235,7 @@ def cmd_attack(args: argparse.Namespace) -> int:
         check_at_least("--" + name.replace("_", "-"), getattr(args, name))
     set_threads(args.threads)
     writable_file(args.out, "--out", ".npz")  # before the attack, not after it
+    note_replacing("attack", [args.out])
     device = pick_device(args.device)
     loaded = load_model(args.model, device)
     k = args.k or loaded.card.inference.k_attack
@@ -341,6 +343,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     writable_dir(args.out, "--out")
     device = pick_device(args.device)
     models = [load_model(d, device) for d in args.models]
+    if not args.append:  # --append merges into them: replacing is what was asked for
+        note_replacing("sweep", _sweep_files(args.out, args.figure, models))
     x, y = _sweep_images(args.figure, args.limit)
     config: dict[str, Any] = {}
     rows: list[dict[str, Any]] = []
@@ -364,6 +368,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     summary = {k: v for k, v in meta.items() if k != "models"}
     print(json.dumps(summary, indent=2, ensure_ascii=False))
     return 0
+
+
+def _sweep_files(out: Path, figure: str, models: list[Any]) -> list[Path]:
+    """The files a sweep writes into ``out`` (:func:`_write_sweep`, the detection ROC plots)."""
+    stem = sweep_stem(figure)
+    files = [out / f"{stem}.{ext}" for ext in ("csv", "json", "md")]
+    if figure == "detection":
+        return files + [out / f"detection_roc_{m.card.name}.png" for m in models]
+    return [*files, out / f"{stem}.png"]
 
 
 def _sweep_images(figure: str, limit: int) -> tuple[Any, Any]:

@@ -56,17 +56,22 @@ CSV_FIELDS = (
 )
 
 
-def write_detect_eval(result: DetectionEval, out: Path | str) -> dict[str, Path]:
-    """Write the four files into ``out``; returns their paths by kind."""
+def detect_eval_paths(out: Path | str) -> dict[str, Path]:
+    """The four files :func:`write_detect_eval` writes into ``out``, by kind."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    data = result.to_json()
-    paths = {
+    return {
         "json": out / "detect_eval.json",
         "csv": out / "detect_eval.csv",
         "md": out / "detect_eval.md",
         "roc": out / "detect_eval_roc.png",
     }
+
+
+def write_detect_eval(result: DetectionEval, out: Path | str) -> dict[str, Path]:
+    """Write the four files into ``out``; returns their paths by kind."""
+    Path(out).mkdir(parents=True, exist_ok=True)
+    data = result.to_json()
+    paths = detect_eval_paths(out)
     paths["json"].write_text(json.dumps(_finite(data), indent=2, ensure_ascii=False) + "\n")
     _write_csv(data["rows"], paths["csv"])
     paths["md"].write_text(markdown_tables(data))

@@ -12,6 +12,7 @@ from bayesgate.errors import InvalidArgument, check_at_least, writable_dir
 from bayesgate.listflags import list_flag
 from bayesgate.models.device import DEVICE_CHOICES, add_threads_flag, pick_device, set_threads
 from bayesgate.models.store.bundled import READ_MODEL_HELP, model_to_read
+from bayesgate.outputs import note_replacing
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -153,7 +154,7 @@ def _attack_limits(items: list[str]) -> dict[str, int]:
 
 def cmd_detect_eval(args: argparse.Namespace) -> int:
     from bayesgate.attacks.detect_eval import EvalSettings, evaluate_detector
-    from bayesgate.attacks.detect_report import write_detect_eval
+    from bayesgate.attacks.detect_report import detect_eval_paths, write_detect_eval
 
     check_common(args)
     settings = EvalSettings(
@@ -168,6 +169,7 @@ def cmd_detect_eval(args: argparse.Namespace) -> int:
         cache_dir=args.cache_dir,
     )
     settings.check()  # the attacks and --attack-limit names, before the model is loaded
+    note_replacing("detect-eval", detect_eval_paths(args.out).values())
     loaded, detector, device = _load(args)
     started = time.perf_counter()
     result = evaluate_detector(
@@ -195,6 +197,7 @@ def cmd_detect_eval(args: argparse.Namespace) -> int:
 def cmd_adaptive_eval(args: argparse.Namespace) -> int:
     from bayesgate.attacks.adaptive_eval import (
         AdaptiveSettings,
+        adaptive_paths,
         evaluate_adaptive,
         write_adaptive,
     )
@@ -221,6 +224,7 @@ def cmd_adaptive_eval(args: argparse.Namespace) -> int:
     except ValueError as exc:
         given = f"--optimizer {args.optimizer} --restarts {args.restarts}"
         raise InvalidArgument(f"{given}: {exc}") from None
+    note_replacing("adaptive-eval", adaptive_paths(args.out).values())
     loaded, detector, device = _load(args)
     started = time.perf_counter()
     result = evaluate_adaptive(

@@ -22,6 +22,7 @@ from bayesgate.extras import Need
 from bayesgate.listflags import list_flag
 from bayesgate.models.device import add_threads_flag, pick_device, set_threads
 from bayesgate.models.store.bundled import model_to_read
+from bayesgate.outputs import note_replacing
 
 ADAPTIVE_WEIGHTS = (0.1, 1.0, 10.0)
 """Default detector weights λ of the adaptive attack (``--adaptive-weights``)."""
@@ -76,7 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_evaluate_robust(args: argparse.Namespace) -> int:
     from bayesgate.attacks.evaluate_cli import print_report
     from bayesgate.attacks.robust_eval import BatchCache, evaluate_robust, model_key
-    from bayesgate.attacks.robust_report import write_outputs
+    from bayesgate.attacks.robust_report import output_paths, write_outputs
     from bayesgate.models.data.mnist import load_mnist
 
     # every check of the flags, the output folder and the models before the first attack
@@ -85,6 +86,7 @@ def cmd_evaluate_robust(args: argparse.Namespace) -> int:
     check_at_least("--adaptive-steps", args.adaptive_steps)
     writable_dir(args.out, "--out")
     set_threads(args.threads)
+    note_replacing("evaluate-robust", output_paths(args.out).values())  # its cache/ is kept
     device = pick_device(args.device)
     networks = [(path, *load_for_evaluation(path, device)) for path in args.models]
     x, y = load_mnist("test", limit=settings.n)

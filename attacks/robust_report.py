@@ -11,10 +11,15 @@ from typing import Any
 ADAPTIVE_KEY = "misclassified_not_flagged"
 
 
+def output_paths(out: Path) -> dict[str, Path]:
+    """The three files :func:`write_outputs` writes into ``out``, by kind."""
+    return {"json": out / "robust.json", "markdown": out / "robust.md", "plot": out / "robust.png"}
+
+
 def write_outputs(result: dict[str, Any], out: Path) -> dict[str, Path]:
     """Write the three files into ``out``; returns their paths."""
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / "robust.json", "markdown": out / "robust.md", "plot": out / "robust.png"}
+    paths = output_paths(out)
     paths["json"].write_text(json.dumps(result, indent=2) + "\n")
     paths["markdown"].write_text(markdown_table(result))
     robust_plot(result, paths["plot"])

@@ -174,3 +174,65 @@ def test_sweep_writes_into_a_folder_of_the_current_directory_by_default(
 def test_sweep_out_help_names_the_default() -> None:
     (action,) = [a for a in PARSERS["sweep"]._actions if "--out" in a.option_strings]
     assert "sweep-figure6" in action.help and action.default is None
+
+
+# --- a note when existing results are replaced -----------------------------------------------
+
+
+def _replacing_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if "replacing" in line]
+
+
+def test_attack_says_when_it_replaces_its_out_file(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "adv.npz"
+    argv = ["attack", str(tiny_model_dir), "--out", str(out), "--limit", "3", "--k", "2",
+            "--k-eval", "2", "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    assert _replacing_lines(capsys.readouterr().err) == []  # a new file: nothing to say
+    assert main(argv) == 0
+    assert _replacing_lines(capsys.readouterr().err) == [
+        f"attack: replacing the existing adv.npz in {tmp_path}"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("command", "files", "extra"),
+    [
+        ("detect-eval", ["detect_eval.json", "detect_eval_roc.png"], []),
+        ("adaptive-eval", ["adaptive.md"], []),
+        ("evaluate-robust", ["robust.json", "robust.md", "robust.png"], []),
+        ("sweep", ["figure6.csv", "figure6.md"], ["--figure", "6"]),
+    ],
+)
+def test_evaluations_say_which_existing_files_they_replace_before_the_work(
+    command: str,
+    files: list[str],
+    extra: list[str],
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """One line on stderr, before the work (not an error: detect-eval and evaluate-robust resume
+    from their caches by design); files that are not the command's own are not named."""
+    from bayesgate.attacks import evaluate_cli, robust_cli
+
+    monkeypatch.setattr(evaluate_cli, "_load", _never)
+    monkeypatch.setattr(robust_cli, "load_for_evaluation", _never)
+    monkeypatch.setattr(attacks_cli, "_sweep_images", _never)
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in [*files, "notes.txt"]:
+        (out / name).write_text("old")
+    with pytest.raises(AssertionError, match="the work started"):
+        main([command, str(tiny_model_dir), "--out", str(out), *extra, "--no-progress"])
+    assert _replacing_lines(capsys.readouterr().err) == [
+        f"{command}: replacing the existing {', '.join(files)} in {out}"
+    ]
+    for name in files:
+        (out / name).unlink()
+    with pytest.raises(AssertionError, match="the work started"):
+        main([command, str(tiny_model_dir), "--out", str(out), *extra, "--no-progress"])
+    assert _replacing_lines(capsys.readouterr().err) == []
