@@ -66,7 +66,12 @@ def _register_detect_eval(sub: argparse._SubParsersAction) -> None:
         choices=tuple(OOD_SETS),
         help="OOD sets (default: %(default)s, the four of issue 15; the fresh ones are opt-in)",
     )
-    p.set_defaults(func=cmd_detect_eval, needs=_detect_eval_needs)
+    p.set_defaults(
+        func=cmd_detect_eval,
+        needs=_detect_eval_needs,
+        on_interrupt="every finished attack's images are cached: run the same command again to "
+        "go on from the next one",
+    )
 
 
 def _detect_eval_needs(args: argparse.Namespace) -> list[Any]:
@@ -114,7 +119,11 @@ def _register_adaptive_eval(sub: argparse._SubParsersAction) -> None:
         default=d.restarts,
         help="with --optimizer apgd: runs from new random starts on the digits not yet found",
     )
-    p.set_defaults(func=cmd_adaptive_eval)
+    p.set_defaults(
+        func=cmd_adaptive_eval,
+        on_interrupt="every finished attack's images are cached: run the same command again to "
+        "go on from the next one",
+    )
 
 
 def _load(args: argparse.Namespace) -> tuple[Any, Any, Any]:

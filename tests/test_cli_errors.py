@@ -140,6 +140,8 @@ def test_help_is_still_the_whole_usage(capsys: pytest.CaptureFixture) -> None:
         (["evaluate", "m"], None),
         (["train"], "run the same command with --resume to continue from the last one"),
         (["uci", "--dataset", "yacht"], "run the same command with --resume to go on"),
+        (["detect-eval", "m", "--out", "o"], "cached: run the same command again to go on"),
+        (["adaptive-eval", "m", "--out", "o"], "cached: run the same command again to go on"),
     ],
 )
 def test_an_interrupt_says_how_to_go_on_where_a_command_can(
@@ -150,12 +152,15 @@ def test_an_interrupt_says_how_to_go_on_where_a_command_can(
 ) -> None:
     """Ctrl-C exits 130 with one line; the commands that keep their finished work (train's
     checkpoint, uci's finished splits) say how to continue from it."""
+    from bayesgate.attacks import evaluate_cli
     from bayesgate.models.uci import cli as uci_cli
 
     interrupted = _fail_with(KeyboardInterrupt())
     for module, name in ((models_cli, "cmd_evaluate"), (models_cli, "cmd_train"),
-                         (uci_cli, "cmd_uci")):  # fmt: skip
+                         (uci_cli, "cmd_uci"), (evaluate_cli, "cmd_detect_eval"),
+                         (evaluate_cli, "cmd_adaptive_eval")):  # fmt: skip
         monkeypatch.setattr(module, name, interrupted)
+    monkeypatch.setattr(evaluate_cli, "_detect_eval_needs", lambda args: [])
     assert cli.main(command) == 130
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("bayesgate: interrupted")
