@@ -183,17 +183,23 @@ def arrived_at(scope: Scope) -> float:
     return scope.get(ARRIVED, time.monotonic())
 
 
+def header_list(headers: Any, field: bytes) -> list[str]:
+    """The items of a comma-separated header ``field`` (lower-case bytes) over all its copies,
+    lower case, empty items dropped."""
+    return [
+        item.strip().lower()
+        for name, value in headers
+        if name.lower() == field
+        for item in value.decode("latin-1").split(",")
+        if item.strip()
+    ]
+
+
 def transfer_coding_error(headers: Any) -> UnsupportedTransferCoding | None:
     """501 for a ``Transfer-Encoding`` with a coding other than ``chunked`` (``gzip, chunked``):
     the HTTP parser undoes only the chunking, so the body would reach the routes still
     compressed and be judged as bad JSON or a bad tensor."""
-    codings = [
-        c.strip().lower()
-        for name, value in headers
-        if name.lower() == b"transfer-encoding"
-        for c in value.decode("latin-1").split(",")
-        if c.strip()
-    ]
+    codings = header_list(headers, b"transfer-encoding")
     other = [c for c in codings if c != "chunked"]
     if not other:
         return None
@@ -210,13 +216,7 @@ def content_encoding_error(method: str, headers: Any) -> UnsupportedMediaType | 
     ``request_compression_algorithm="gzip"``, curl with a gzipped file)."""
     if method not in ("POST", "PUT", "PATCH"):
         return None
-    codings = [
-        c.strip().lower()
-        for name, value in headers
-        if name.lower() == b"content-encoding"
-        for c in value.decode("latin-1").split(",")
-        if c.strip()
-    ]
+    codings = header_list(headers, b"content-encoding")
     if all(c == "identity" for c in codings):
         return None
     return UnsupportedMediaType(
