@@ -10,22 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_attacks_cli_checks import _error, _never
 
 from bayesgate.attacks import cli as attacks_cli
 from bayesgate.cli import build_parser, main, subcommand_parsers
 
 PARSERS = subcommand_parsers(build_parser())
-
-
-def _never(*args: Any, **kwargs: Any) -> Any:
-    raise AssertionError("the work started before the arguments were checked")
-
-
-def _error(capsys: pytest.CaptureFixture[str]) -> str:
-    """The one line printed on stderr (and nothing else)."""
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("bayesgate: error: "), err
-    return err.strip().removeprefix("bayesgate: error: ")
 
 
 # --- attack: --spec is the whole attack ------------------------------------------------------
