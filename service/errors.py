@@ -210,8 +210,10 @@ def error_response(exc: ServiceError, *, v2: bool = False) -> JSONResponse:
     headers: dict[str, str] = {}
     if isinstance(exc, QueueFull):
         headers["Retry-After"] = str(exc.retry_after_s)
-    if isinstance(exc, (BodyTimeout, HeadersTooLarge)):
-        headers["Connection"] = "close"  # the rest of the request is not read: do not reuse
+    if isinstance(exc, (BodyTimeout, HeadersTooLarge, PayloadTooLarge)):
+        # the rest of the request is not read: do not reuse the connection (nor wait for a body
+        # that is not wanted: the server half-closes and lingers, lingering_close.py)
+        headers["Connection"] = "close"
     if isinstance(exc, Unauthorized):
         headers["WWW-Authenticate"] = 'Bearer realm="bayesgate-admin"'
     if status >= 500:

@@ -86,6 +86,24 @@ def test_urllib_gets_the_413_for_a_body_over_the_limit(server: Server) -> None:
     assert httpx.get(f"{server.base}/healthz", timeout=10, trust_env=False).status_code == 200
 
 
+def test_a_413_before_any_body_byte_closes_at_once(server: Server) -> None:
+    """A client that announces a body over the limit and sends none (or sends it slowly) gets
+    the 413 and then the end of the stream at once, not after the keep-alive timeout: the 413
+    says ``Connection: close`` (the body will not be read), so the server stops waiting for it."""
+    head = (
+        b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 9000000\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(head)
+        started = time.monotonic()
+        status, headers, body = read_response(sock)
+        assert status == 413 and json_body(body)["code"] == "payload_too_large", body
+        assert headers.get("connection") == "close", headers
+        assert sock.recv(1024) == b""  # the end of the stream, not a wait for the body
+        assert time.monotonic() - started < LINGER_S + 1  # keep-alive timeout: 5 s
+
+
 def send_then_read(
     port: int, first: bytes, more: int, piece: int = 64 * 1024, pause: float = 0.0
 ) -> tuple:
