@@ -12,7 +12,7 @@ import torch
 from attacks_testnets import LinearNet
 
 from bayesgate.attacks.methods import FGS, TargetedFGS
-from bayesgate.attacks.run import NO_TARGET, choose_targets, run_attack, verdicts
+from bayesgate.attacks.run import NO_TARGET, choose_targets, mc_predictions, run_attack, verdicts
 from bayesgate.attacks.specs import DEFAULT_ATTACKS, parse_attack, parse_attacks
 from bayesgate.models.mc.dropout import mc_sampling
 from bayesgate.models.networks.registry import build_network, preset_architecture
@@ -169,6 +169,23 @@ def test_fgs_through_run_attack_follows_the_k_pass_mc_predictive() -> None:
     assert torch.equal(out.x_adv[clear], expected[clear])
     # the test tells K apart: the one-pass gradient points elsewhere on many clear pixels
     assert (grad_one.sign() != grad.sign())[clear].double().mean() > 0.1
+
+
+def test_clean_and_adversarial_images_are_scored_with_the_same_masks() -> None:
+    """Common random numbers: ``x`` and ``x_adv`` are evaluated with masks seeded alike, so an
+    attack that moves no pixel (FGS at η = 0) leaves every MC probability bit-identical and no
+    prediction changed — on a dropout net whose passes disagree a lot. Catches the adversarial
+    images scored with other masks (say seeded ``seed + 1``)."""
+    net = _dropout_net()
+    x = torch.rand(30, 1, 4, 4, generator=torch.Generator().manual_seed(3))
+    y = torch.randint(0, 3, (30,), generator=torch.Generator().manual_seed(4))
+    outcome = run_attack(net, x, y, FGS(eta=0.0), k=2, k_eval=8, seed=7, batch_size=7)
+    assert torch.equal(outcome.x_adv, x)
+    clean, _ = mc_predictions(net, x, 8, seed=7)  # how run_attack scores the clean images
+    assert torch.equal(outcome.adv_probs, clean)
+    assert torch.equal(outcome.adv_pred, outcome.clean_pred) and not outcome.success.any()
+    other = run_attack(net, x, y, FGS(eta=0.0), k=2, k_eval=8, seed=8, batch_size=7)
+    assert not torch.equal(other.adv_probs, outcome.adv_probs)  # the masks do matter here
 
 
 def test_step_hook_sees_every_step_of_every_batch(linear_net: LinearNet) -> None:
