@@ -221,6 +221,38 @@ def test_bandwidth_maximises_held_out_likelihood_and_is_interior() -> None:
     assert held_out_log_likelihood(samples, offsets, val, val_y, sigma) == pytest.approx(direct)
 
 
+def test_bandwidth_grid_widens_past_its_lower_edge_around_the_median_distance() -> None:
+    """Validation points lying close to kernel samples want a σ far below the median distance:
+    with a narrow grid (5 points over a factor 4 around σ₀) the search must widen downwards
+    until the held-out likelihood peaks inside, and σ₀ itself — the root of the median squared
+    distance to the samples of the point's class (computed here with numpy) — is on the first
+    grid. Catches a widening in the wrong direction and a σ₀ without its square root."""
+    rng = np.random.default_rng(7)
+    train = torch.from_numpy(rng.normal(size=(200, 2)))
+    labels = torch.from_numpy(np.arange(200) % 2)
+    samples, offsets = subsample_per_class(train, labels, 2, 100, torch.Generator().manual_seed(0))
+    val = samples[::2] + torch.from_numpy(rng.normal(scale=0.05, size=(100, 2)))
+    val_y = torch.cat([torch.zeros(50), torch.ones(50)]).long()
+    sigma, curve = choose_bandwidth(samples, offsets, val, val_y, points=5, span=4.0)
+    s_np, v_np = samples.numpy(), val.numpy()
+    squared = np.concatenate(
+        [
+            ((v_np[val_y.numpy() == c, None] - s_np[None, offsets[c] : offsets[c + 1]]) ** 2)
+            .sum(-1)
+            .ravel()
+            for c in (0, 1)
+        ]
+    )
+    sigma0 = math.sqrt(np.sort(squared)[(len(squared) - 1) // 2])  # torch's (lower) median
+    sigmas = [s for s, _ in curve]
+    assert any(s == pytest.approx(sigma0, rel=1e-9) for s in sigmas)
+    assert sigma < sigma0 / 2 / 2  # below the first grid's lower edge by more than a widening
+    assert sigmas[0] < sigma < sigmas[-1] and max(curve, key=lambda p: p[1])[0] == sigma
+    for neighbour in (sigma / 2**0.5, sigma * 2**0.5):  # an interior maximum on the grid
+        ll = held_out_log_likelihood(samples, offsets, val, val_y, neighbour)
+        assert ll < held_out_log_likelihood(samples, offsets, val, val_y, sigma)
+
+
 def test_logistic_regression_recovers_a_separating_direction() -> None:
     rng = np.random.default_rng(6)
     z = rng.normal(size=(600, 3))
