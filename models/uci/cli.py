@@ -114,7 +114,7 @@ def cmd_uci(args: argparse.Namespace) -> int:
     for split in bar:
         if split in done:
             continue
-        rows += run_split(ds, split, config)
+        rows += run_split(ds, split, config, progress=not args.no_progress)
         _write_results(out / RESULTS_FILE, rows)
         summary = summarise(rows)
         edges = grid_edge_counts(rows, settings)

@@ -462,6 +462,21 @@ def test_cli_writes_results_and_summary(
     assert "settings differ" in capsys.readouterr().err
 
 
+def test_cli_progress_shows_the_split_s_grid_and_refit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The bar over splits moves once per split, which on a real data set is many minutes: the
+    grid search's and the refit's epochs get bars of their own (left out with --no-progress)."""
+    write_folder(tmp_path / "data", name="toy", n=60)
+    monkeypatch.setenv("BAYESGATE_DATA_DIR", str(tmp_path / "data"))
+    args = ["uci", "--dataset", "toy", "--alpha", "0.5", "--splits", "1", "--k-test", "20"]
+    assert main([*args, "--out", str(tmp_path / "a")]) == 0
+    err = capsys.readouterr().err
+    assert "split 0 grid" in err and "split 0 refit" in err
+    assert main([*args, "--out", str(tmp_path / "b"), "--no-progress"]) == 0
+    assert "split 0" not in capsys.readouterr().err
+
+
 def test_cli_learn_tau(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
