@@ -127,6 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     needs = vars(args).pop("needs", None)  # what the command imports from the extras
+    # what to say on Ctrl-C; popped, so that commands recording their arguments never see it
+    hint = vars(args).pop("on_interrupt", None)
     try:
         if needs is not None:
             check_needs(args.command, needs(args))
@@ -137,7 +139,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bayesgate: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        hint = getattr(args, "on_interrupt", None)  # what a command keeps for a second sitting
         print(f"bayesgate: interrupted{f'; {hint}' if hint else ''}", file=sys.stderr)
         return 130
     return int(result or 0)

@@ -6,11 +6,12 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import shlex
 from pathlib import Path
 
 import pytest
 
-from bayesgate.cli import main
+from bayesgate.cli import build_parser, main
 from bayesgate.models import cli as models_cli
 from bayesgate.models.data.download import download_mnist
 from bayesgate.models.store.directory import CARD_FILE, load_model
@@ -63,6 +64,9 @@ def test_train_refuses_an_out_holding_a_model_unless_forced(
                                                             "notes.txt"])  # fmt: skip
     card = load_model(out).card
     assert "--force" not in card.training.command  # the recorded command changes no number
+    # the recorded command runs again as it is: every word of it is a flag of train
+    recorded = build_parser().parse_args(shlex.split(card.training.command)[1:])
+    assert recorded.command == "train" and recorded.out == out
     assert json.loads(stdout)["model"] == str(out)
 
     # --resume with the run's checkpoint continues the run that wrote --out (bench/long_runs.py
