@@ -473,6 +473,28 @@ def export_argv(
     return argv
 
 
+def replaces_an_export(out: Path, argv: list[str]) -> list[str] | None:
+    """The flags that let ``argv`` (an export's ``train … --resume``) write into ``out``: none
+    when ``out`` holds no model; ``--force`` when it holds an earlier export of the same model
+    (its card's name is the one being written): the checkpoint *copy* resumed here never wrote
+    it, so ``train`` alone refuses it (it writes over only a model its checkpoint's run wrote);
+    None, with a message, when it holds another model."""
+    from bayesgate.models.store.directory import CARD_FILE, read_card
+
+    if not (out / CARD_FILE).is_file():
+        return []
+    name = argv[argv.index("--name") + 1]
+    try:
+        held = read_card(out).name
+    except Exception as exc:  # a card that does not read is not an earlier export
+        held = f"unreadable card: {exc}"
+    if held != name:
+        print(f"long_runs: {out} holds another model ({held}), not an export of {name}; "
+              "choose another directory", file=sys.stderr)  # fmt: skip
+        return None
+    return ["--force"]
+
+
 def keep_last_epoch(checkpoint: Path) -> int:
     """Rewrite a (copied) ``--keep-best`` checkpoint so that its kept weights are the last
     epoch's: ``best.* := model.*`` and the kept epoch := the epoch reached. Resumed, it then
@@ -527,6 +549,10 @@ def export(run: Run, out: Path, *, last: bool = False) -> int:
         if last:
             keep_last_epoch(copy)
         argv = export_argv(run, bayesgate, copy, out, epochs, name)
+        replacing = replaces_an_export(out, argv)
+        if replacing is None:
+            return 2
+        argv += replacing
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         code = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL).returncode
     if code == 0:

@@ -37,7 +37,7 @@ from bayesgate.models.store.directory import (
 )
 from bayesgate.models.training import outputs as run_outputs
 from bayesgate.models.training.adversarial import AdversarialConfig
-from bayesgate.models.training.checkpoint import STATE_FILE, Checkpointing
+from bayesgate.models.training.checkpoint import STATE_FILE, Checkpointing, finished_run_in
 from bayesgate.models.training.train import (
     LOSSES,
     LR_SCHEDULES,
@@ -273,7 +273,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         # not an error: a long run is launched with --resume every time (bench/long_runs.py)
         print(f"--resume: no checkpoint in {checkpointing.directory} yet; starting at epoch 1",
               file=sys.stderr)  # fmt: skip
-    if not has_checkpoint:
+    if not has_checkpoint or (not args.resume and finished_run_in(checkpoint_dir)):
+        # a new run here (over nothing, or over a finished run it will overwrite; train()
+        # refuses an unfinished one): nothing written by it yet, whatever the old run wrote
         run_outputs.start(checkpoint_dir)
     transform, on_epoch = _epoch_hooks(
         args, model, adversarial, config, (train_data, val_data), device, checkpointing
@@ -292,12 +294,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     card = _model_card(name, arch, config, args, result, int(train_data[0].shape[0]), device)
     card.training.command = command_line(args, omit=("force",))
     card = save_model(model, card, out)
-    # a run that did not continue this checkpoint replaced it: forget what the old run wrote
-    fresh = not (args.resume and has_checkpoint)
-    run_outputs.record(checkpoint_dir, out, card.weights_sha256, replace=fresh)
     if old_sha is not None and old_sha != card.weights_sha256:
         # the old weights' calibration and detector no longer describe this model
         remove_stale_files(out, "--force" if args.force else "--resume")
+    # a run that did not continue this checkpoint replaced it: forget what the old run wrote
+    fresh = not (args.resume and has_checkpoint)
+    run_outputs.record(checkpoint_dir, out, card.weights_sha256, replace=fresh)
     print(json.dumps({"model": str(out), "val": result.val_metrics}, indent=2))
     return 0
 

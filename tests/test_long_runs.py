@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -204,6 +205,16 @@ def test_export_writes_the_best_epoch_without_touching_the_running_checkpoint(
     assert {p.name: p.stat().st_mtime_ns for p in run.checkpoint.iterdir()} == before
     card = json.loads((out / "card.json").read_text())
     assert card["training"]["best_epoch"] == best and card["training"]["epochs_run"] == 3
+    # exporting again into the same directory replaces the earlier export (train alone refuses
+    # it: the checkpoint copy never wrote it); the same weights keep their calibration
+    (out / "calibration.json").write_text("of these weights")
+    assert long_runs.main(["export", run.name, str(out)]) == 0
+    assert (out / "calibration.json").read_text() == "of these weights"
+    other = private_user_cache / "other-model"
+    shutil.copytree(out, other)
+    (other / "card.json").write_text(json.dumps({**card, "name": "someone-else"}))
+    assert long_runs.main(["export", run.name, str(other)]) == 2  # another model: refused
+    assert json.loads((other / "card.json").read_text())["name"] == "someone-else"
 
     fresh = private_user_cache / "fresh"
     argv = long_runs.export_argv(run, bayesgate, private_user_cache / "fresh-ckpt", fresh, best)

@@ -112,6 +112,22 @@ def read_checkpoint(directory: Path) -> tuple[dict[str, torch.Tensor], dict] | N
     return load_safetensors(blob), state
 
 
+def is_finished(state: dict) -> bool:
+    """Whether a checkpoint's state is of a run that ended (stopped early or all its epochs)."""
+    progress = state["progress"]
+    return bool(progress["stopped"]) or progress["epoch"] >= state["epochs"]
+
+
+def finished_run_in(directory: Path) -> bool:
+    """Whether ``directory`` holds the checkpoint of a run that ended (its JSON state only; a
+    state that does not read counts as not finished — the run itself then says why)."""
+    try:
+        state = json.loads((directory / STATE_FILE).read_text())
+        return is_finished(state)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
 # --- settings ---------------------------------------------------------------------------------
 
 

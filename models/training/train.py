@@ -309,7 +309,7 @@ def _start_or_resume(trainer: _Trainer, checkpointing: ckpt.Checkpointing) -> _P
     if found is None:
         return _Progress()
     tensors, saved = found
-    unfinished = not saved["progress"]["stopped"] and saved["progress"]["epoch"] < saved["epochs"]
+    unfinished = not ckpt.is_finished(saved)
     if not checkpointing.resume:
         if unfinished:
             raise ckpt.CheckpointError(

@@ -123,6 +123,37 @@ def test_resume_refuses_an_out_another_run_of_the_same_name_wrote(
     assert code == 0 and "--force: removed from" in stderr, stderr
 
 
+def test_an_interrupted_new_run_over_a_finished_checkpoint_cannot_resume_into_the_old_out(
+    tmp_path: Path, data_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run 1 finishes into A; run 2 starts afresh in the same checkpoint folder (its own --out
+    B) and is interrupted after its first epoch: its checkpoint is not the one that wrote A, so
+    ``--resume --out A`` is refused. The record is cleared when run 2 starts, not when it ends
+    (the review's bypass)."""
+    from bayesgate.models.training import train as training
+
+    out, ckpt = tmp_path / "A", tmp_path / "ckpt"
+    first = [*TINY, "--checkpoint-dir", str(ckpt)]
+    assert _run([*first, "--out", str(out)])[0] == 0
+    (out / "calibration.json").write_text("A's")
+    save, saves = training._save, []
+
+    def interrupted_after_one_epoch(*args: object, **kwargs: object) -> None:
+        save(*args, **kwargs)
+        saves.append(1)
+        raise KeyboardInterrupt
+
+    second = [*TINY[:4], "3", *TINY[5:], "--checkpoint-dir", str(ckpt)]  # --epochs 3
+    with monkeypatch.context() as mp:
+        mp.setattr(training, "_save", interrupted_after_one_epoch)
+        assert _run([*second, "--out", str(tmp_path / "B")])[0] == 130 and saves == [1]
+    code, _, stderr = _run([*second, "--out", str(out), "--resume"])
+    assert code == 2 and "was not written by the run of the checkpoint" in stderr, stderr
+    assert (out / "calibration.json").read_text() == "A's"
+    code, _, stderr = _run([*second, "--out", str(tmp_path / "B"), "--resume"])
+    assert code == 0, stderr
+
+
 def test_the_stale_files_are_what_calibrate_and_fit_detector_write() -> None:
     pytest.importorskip("matplotlib")
     from bayesgate.attacks import report
