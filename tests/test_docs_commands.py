@@ -131,10 +131,16 @@ def parse_error(command: Command) -> str | None:
 
 
 def _script_parse_error(script: Path, argv: tuple[str, ...], stderr: io.StringIO) -> str | None:
-    """Run the script as ``__main__`` until its outermost ``parse_args`` (or
-    ``parse_known_args``) returns."""
+    """Run the script as ``__main__`` until its outermost argument parsing (``parse_args``,
+    ``parse_intermixed_args`` or their ``known`` forms) returns."""
     originals = {
-        name: getattr(argparse.ArgumentParser, name) for name in ("parse_args", "parse_known_args")
+        name: getattr(argparse.ArgumentParser, name)
+        for name in (
+            "parse_args",
+            "parse_known_args",
+            "parse_intermixed_args",  # bench/long_runs.py; it calls parse_known_args twice
+            "parse_known_intermixed_args",
+        )
     }
     depth = 0
 
@@ -226,6 +232,9 @@ def test_a_wrong_flag_or_script_is_reported() -> None:
     assert error is not None and "--no-such-flag" in error
     error = parse_error(Command("x", "bench/load.py", ("--no-such-flag",)))
     assert error is not None and "--no-such-flag" in error
+    for argv in (("nonsense",), ("status", "--no-such-flag")):  # parse_intermixed_args
+        assert parse_error(Command("x", "bench/long_runs.py", argv)) is not None, argv
+    assert parse_error(Command("x", "bench/long_runs.py", ("status",))) is None
     assert parse_error(Command("x", "bench/load.py", ("--help",))) is None
     assert (
         parse_error(Command("x", "bench/nonexistent.py", ()))
