@@ -17,7 +17,8 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-LIST_HELP = "space- or comma-separated"
+LIST_HELP = "space- or comma-separated (a list takes every word after it: give it after the "
+LIST_HELP += "positional arguments, or end it with --)"
 """Appended to the help of every flag made by :func:`list_flag`."""
 
 
@@ -71,7 +72,11 @@ class SplitList(argparse.Action):
                 items.append(self.item(piece))
             except (TypeError, ValueError):
                 name = getattr(self.item, "__name__", "")
-                parser.error(f"argument {option_string}: invalid {name} value: {piece!r}")
+                parser.error(
+                    f"argument {option_string}: invalid {name} value: {piece!r} (a list flag "
+                    "takes every word after it: give it after the positional arguments, or end "
+                    "it with --)"
+                )
         setattr(namespace, self.dest, items)
 
 
