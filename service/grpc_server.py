@@ -6,21 +6,22 @@ service, ``tritonclient.grpc.service_pb2``/``service_pb2_grpc``, reused here ser
 protoc runs at install time). The server runs on the app's event loop (``grpc.aio``), starts
 after the warm-up and stops, with the drain timeout as grace, before the worker does.
 
-RPCs: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata, ModelConfig and
-ModelInfer. ModelInfer is the ``/v2`` infer of :mod:`bayesgate.service.inference_protocol` with
-the tensors in protobuf (the request becomes the ``/v2`` JSON payload, validated by the same
+RPCs: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata, ModelConfig,
+RepositoryIndex and ModelInfer. ModelInfer is the ``/v2`` infer of
+:mod:`bayesgate.service.inference_protocol` with the tensors in protobuf (the request becomes the
+``/v2`` JSON payload, validated by the same
 :class:`~bayesgate.service.inference_protocol.InferRequest`): the input from
 ``raw_input_contents[0]`` (little-endian float32, what ``tritonclient.grpc`` sends) or
-``contents.fp32_contents``; each output in
-``raw_output_contents`` (same order as ``outputs``). The same worker answers, so the same input,
-seed and K give the numbers of ``/v1`` and ``/v2``. Errors: bad request → INVALID_ARGUMENT,
-unknown model → NOT_FOUND, not ready / draining / queue full → UNAVAILABLE, deadline →
-DEADLINE_EXCEEDED, inference failure → INTERNAL.
+``contents.fp32_contents``; each output in ``raw_output_contents`` (same order as ``outputs``).
+The same worker answers, so the same input, seed and K give the numbers of ``/v1`` and ``/v2``.
+Errors: bad request → INVALID_ARGUMENT, unknown model → NOT_FOUND, not ready / draining / queue
+full → UNAVAILABLE, deadline → DEADLINE_EXCEEDED, inference failure → INTERNAL.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import grpc
@@ -190,6 +191,17 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             await context.abort(status_code(exc), exc.message)
         return pb.ModelReadyResponse(ready=True)
 
+    async def RepositoryIndex(self, request: Any, context: Any) -> Any:
+        """The one model, unversioned (as ``POST /v2/repository/index``)."""
+        try:
+            served = self._served()
+        except ServiceError as exc:
+            await context.abort(status_code(exc), exc.message)
+        state = "UNAVAILABLE" if getattr(self.state, "draining", False) else "READY"
+        reply = pb.RepositoryIndexResponse()
+        reply.models.add(name=served.name, version="", state=state)
+        return reply
+
     async def ServerMetadata(self, request: Any, context: Any) -> Any:
         from bayesgate.service.routes.v2 import EXTENSIONS, SERVER_NAME
 
@@ -239,14 +251,17 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ModelConfigResponse(config=message)
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
+        arrived = time.monotonic()  # the deadlines count from here, as HTTP's from arrival
         try:
-            return await self._infer(request, context.time_remaining())
+            return await self._infer(request, context.time_remaining(), arrived)
         except ServiceError as exc:
             if status_code(exc) in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNAVAILABLE):
                 log.warning("gRPC ModelInfer %s: %s", exc.code, exc.message)
             await context.abort(status_code(exc), exc.message)
 
-    async def _infer(self, request: Any, time_remaining: float | None = None) -> Any:
+    async def _infer(
+        self, request: Any, time_remaining: float | None = None, arrived: float | None = None
+    ) -> Any:
         """``time_remaining``: seconds to the client's deadline (None: it set none). The job's
         deadline is the sooner of it and the request timeout, so a job whose caller has given up
         is not computed; a call the client cancels cancels this coroutine, and the worker then
@@ -262,7 +277,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             timeout_s = min(timeout_s, max(0.0, time_remaining))
         k = default_mc_samples(settings, served) if parsed.mc_samples is None else parsed.mc_samples
         predictions = await self.state.worker.predict(
-            parsed.x, k, seed=parsed.seed, timeout_s=timeout_s
+            parsed.x, k, seed=parsed.seed, timeout_s=timeout_s, arrived=arrived
         )
         return infer_reply(infer_response(predictions, parsed, k))
 

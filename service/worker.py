@@ -97,6 +97,7 @@ log = logging.getLogger("bayesgate.service")
 
 _POLL_S = 0.1  # how often an idle worker checks whether it should stop
 MIN_RATE_CALLS = 8  # engine calls timed before a job's compute time is predicted from them
+ABANDON_SLACK_S = 0.05  # a caller cancelled this close to its job's deadline ran out of time
 STOP_WAIT_S = 2.0  # how long a request past its deadline waits for the worker to stop its job
 STOPPED_LATE = "the request's deadline passed while it was computed (server busy); it was stopped"
 
@@ -398,7 +399,11 @@ class BatchWorker:
         passed: grpc.aio cancels the handler): nobody will read the answer, so the job is dropped
         like one whose client hung up — never computed if still queued, stopped before its next
         layer if running (:meth:`_check`) — and its answer, if one comes, is read and dropped."""
-        job.dropped = job.dropped or "client_gone"
+        if job.dropped is None:  # at its deadline (a gRPC client's), or the client left
+            # grpc.aio's own deadline timer may fire a hair before the job's (same instant, read
+            # apart): a cancellation within ABANDON_SLACK_S of the deadline is the deadline
+            at_deadline = time.monotonic() >= job.deadline - ABANDON_SLACK_S
+            job.dropped = "deadline" if at_deadline else "client_gone"
         job.future.cancel()
         answer.add_done_callback(lambda f: f.cancelled() or f.exception())
 
