@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bayesgate.models.data.mnist import MNIST_FILES, find_mnist_file, mnist_dir
+from bayesgate.models.data.mnist import MNIST_FILES, DataError, find_mnist_file, mnist_dir
 from bayesgate.models.data.settings import DATA_DIR_ENV, MIRRORS_ENV
 
 
@@ -57,7 +57,12 @@ def cmd_fetch_data(args: argparse.Namespace) -> int:
         problem = present_file_problem(path, MNIST_FILES[name])
         if problem is not None:
             print(f"{'corrupt':>10}  {path}: {problem}; fetching it again")
-            path.unlink()  # what is downloaded next replaces it (an un-gzipped copy too)
+            try:
+                path.unlink()  # what is downloaded next replaces it (an un-gzipped copy too)
+            except OSError as e:
+                raise DataError(
+                    f"{path}: corrupt, and cannot be removed ({e.strerror or e})"
+                ) from e
             replaced[name] = problem
     folder = download_mnist(
         args.data_dir,

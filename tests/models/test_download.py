@@ -275,3 +275,36 @@ def test_fetch_data_checks_the_files_already_there(
     assert f"present  {good_raw}" in out and good_raw.exists()
     assert out.count("downloaded") == 2 and out.count("present") == 2
     assert load_mnist("test", data_dir=tmp_path, download=False)[1].shape == (10_000,)
+
+
+def test_a_corrupt_file_that_cannot_be_removed_is_one_line(
+    tmp_path: Path,
+    mirror: Mirror,
+    source: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A read-only data folder (root ignores the mode bits, so unlink is made to fail): exit 2
+    with one line naming the file, not a traceback."""
+    import shutil
+
+    from bayesgate.cli import main
+
+    folder = tmp_path / "mnist"
+    folder.mkdir()
+    for name in MNIST_FILES:
+        shutil.copy(source / name, folder / name)
+    (folder / LABELS).write_bytes(b"\x1f\x8b not gzip")
+
+    def read_only(self: Path, missing_ok: bool = False) -> None:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "unlink", read_only)
+    argv = ["fetch-data", "--data-dir", str(tmp_path), "--mirror", mirror.url("ok")]
+    assert main([*argv, "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err == f"bayesgate: error: {folder / LABELS}: corrupt, and cannot be removed "
+        "(Permission denied)\n"
+    )
+    assert mirror.requests == []
