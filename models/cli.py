@@ -196,9 +196,7 @@ def _run_flags(p: argparse.ArgumentParser) -> None:
         help="continue from the checkpoint (same settings; --epochs may grow with a constant "
         "lr; with --keep-best, --patience may change: it only decides when to stop)",
     )
-    p.add_argument(
-        "--threads", type=int, default=None, help="CPU threads for torch (torch.set_num_threads)"
-    )
+    add_threads_flag(p)
 
 
 def _add_evaluate_parser(sub: argparse._SubParsersAction) -> None:

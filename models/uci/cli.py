@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from tqdm.auto import tqdm
 
 from bayesgate.errors import InvalidArgument, writable_dir, writable_file
+from bayesgate.models.device import add_threads_flag
 
 if TYPE_CHECKING:
     from bayesgate.models.uci.experiment import UCIConfig
@@ -64,7 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="test the selected grid net (trained on 80%%) instead of retraining on the split",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the splits' training")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    add_threads_flag(p)
     p.add_argument("--data-dir", type=Path, default=None, help="default $BAYESGATE_DATA_DIR")
     p.add_argument("--out", type=Path, default=None, help="default runs/uci/<dataset>")
     p.add_argument(
