@@ -64,3 +64,9 @@ async def require_admin(
         )
     if not key_matches(offered, expected):
         raise Unauthorized("invalid API key")
+
+
+async def refuse_unless_admin(request: Request) -> None:
+    """:func:`require_admin` on the request's headers alone, for a route to call before it reads
+    the body: an anonymous caller gets its 401/403 without its body being read or parsed."""
+    await require_admin(request, await bearer_scheme(request), await api_key_scheme(request))

@@ -54,6 +54,10 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 OUTCOMES = ("succeeded", "failed", "expired", "rejected")
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"})
+"""The ``method`` label's values; any other method (h11 passes any token: ``X0000001``, …) is
+``other`` — one series per made-up method would let a client grow ``/metrics`` without bound."""
+
 DROP_REASONS = ("deadline", "client_gone")
 DROP_STAGES = ("queued", "computing")
 
@@ -180,6 +184,7 @@ class Metrics:
     # --- recording (event loop and worker thread; prometheus_client locks internally) ------------
 
     def observe_http(self, method: str, route: str, status: int, seconds: float) -> None:
+        method = method if method in HTTP_METHODS else "other"  # a label set clients cannot grow
         self.http_requests.labels(method, route, str(status)).inc()
         self.http_latency.labels(method, route).observe(seconds)
 

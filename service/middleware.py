@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from typing import Any
 
@@ -165,7 +166,7 @@ class RequestContextMiddleware:
         if not access_log.isEnabledFor(level):
             return
         client = scope.get("client")
-        path = scope.get("path", "")
+        path = printable(scope.get("path", ""))
         fields = {
             "method": method,
             "path": path,
@@ -175,7 +176,16 @@ class RequestContextMiddleware:
             "bytes_sent": sent,
             "client": f"{client[0]}:{client[1]}" if client else None,
         }
-        access_log.log(level, "%s %s %d", method, path, status, extra={"fields": fields})
+        access_log.log(level, "%s %s %d", printable(method), path, status, extra={"fields": fields})
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters as ``\\xNN``: a decoded path (``/x%0aINFO: forged``) must
+    not start a line of its own in a text log."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def arrived_at(scope: Scope) -> float:

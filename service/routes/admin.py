@@ -15,25 +15,37 @@ What a change does is in :mod:`bayesgate.service.control`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from bayesgate.service.auth import require_admin
+from bayesgate.service.auth import refuse_unless_admin, require_admin
 from bayesgate.service.control import AdminState, ModelControl
 from bayesgate.service.deps import ServedDep
 from bayesgate.service.errors import InvalidInput
 from bayesgate.service.request_body import ReadBodyFirst, require_media_type
 from bayesgate.service.schemas import error_responses
 
+
+class AdminRoute(ReadBodyFirst):
+    """Reads and parses the body itself (:class:`ReadBodyFirst`), but only after the key check:
+    an anonymous caller gets 401/403, never a parser's message about the body it sent, and its
+    body (up to ``BAYESGATE_MAX_BODY_BYTES``) is not read."""
+
+    async def admit(self, request: Request, takes_form: bool) -> Callable[[], None] | None:
+        await refuse_unless_admin(request)
+        return None
+
+
 router = APIRouter(
     prefix="/admin",
     tags=["admin"],
-    dependencies=[Depends(require_admin)],
+    dependencies=[Depends(require_admin)],  # the OpenAPI security schemes; checked again, cheaply
     responses=error_responses(401, 403, 422, 503),
-    route_class=ReadBodyFirst,
+    route_class=AdminRoute,
 )
 # A JSON object sent as text/plain (or without a type) is refused by its Content-Type (415), not
 # called "not a JSON object"; after the key check, so an anonymous caller still gets 401/403.

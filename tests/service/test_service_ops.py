@@ -169,6 +169,10 @@ async def test_admin_routes_are_disabled_without_a_key(
             assert r.status_code == 403, (path, r.text)
             assert r.json()["code"] == "admin_disabled"
         assert app.state.worker.model.override is None
+        r = await client.put(
+            "/admin/threshold", content=b"{bad", headers={"content-type": "application/json"}
+        )
+        assert r.status_code == 403 and r.json()["code"] == "admin_disabled", r.text
         # Health and metrics need no key.
         assert (await client.get("/healthz")).status_code == 200
         assert (await client.get("/metrics")).status_code == 200
@@ -191,7 +195,22 @@ async def test_admin_routes_need_the_key(
                 assert r.status_code == 401, (path, headers, r.text)
                 assert r.headers["www-authenticate"].startswith("Bearer")
                 assert KEY not in r.text
+        # the key is checked before the body is read: an anonymous malformed body is a 401, not
+        # the parser's 422 about it
+        for headers in ({}, {"X-API-Key": "wrong-key-wrong-key"}):
+            r = await client.put(
+                "/admin/threshold",
+                content=b'{"threshold": 0.5',
+                headers={"content-type": "application/json", **headers},
+            )
+            assert r.status_code == 401 and r.json()["code"] == "unauthorized", r.text
         assert app.state.control.applied.generation == 0  # nothing was applied
+        bad = await client.put(
+            "/admin/threshold",
+            content=b'{"threshold": 0.5',
+            headers={"content-type": "application/json", "X-API-Key": KEY},
+        )
+        assert bad.status_code == 422, bad.text  # with the key, the body's problem is named
         ok_bearer = await client.put(
             "/admin/threshold", json={"threshold": 0.5}, headers={"Authorization": f"Bearer {KEY}"}
         )
@@ -443,3 +462,28 @@ async def test_outcome_counters_and_queue_depth_follow_the_worker(
         == {"succeeded": 2, "failed": 1, "rejected": 1, "expired": 0}
     )
     assert value(after, "bayesgate_inference_batch_size_count") == stats["engine_calls"] == 3
+
+
+async def test_clients_cannot_grow_the_metrics_or_forge_log_lines(
+    serving: Callable[[Settings], Any], make_settings: Callable[..., Settings]
+) -> None:
+    """A made-up HTTP method (h11 passes any token) is counted as ``other``, so a client cannot
+    add series to ``/metrics`` without bound; a decoded path holding a newline is logged with
+    ``\\x0a``, so it cannot start a forged line of a text log."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))  # the text format
+    access = logging.getLogger("bayesgate.access")
+    access.addHandler(handler)
+    try:
+        async with serving(make_settings()) as (app, client):
+            for i in range(3):
+                await client.request(f"X{i:07d}", "/healthz")
+            await client.get("/x%0aINFO:%20forged%20admin%20reload")
+            text = app.state.metrics.exposition()[0].decode()
+    finally:
+        access.removeHandler(handler)
+    assert 'method="other"' in text and "X000000" not in text
+    lines = stream.getvalue().splitlines()
+    assert not any(line.startswith("INFO: forged") for line in lines), lines
+    assert any("/x\\x0aINFO: forged admin reload 404" in line for line in lines), lines
