@@ -181,6 +181,27 @@ def test_service_ports_volume_healthcheck_and_restart(
     assert int(health["start_period"][:-1]) >= 30
     assert service["restart"] in {"always", "unless-stopped", "on-failure"}
     assert service["networks"]["default"]["aliases"] == ["bayesgate-backend"]
+    # hardened as the Kubernetes pod: read-only root (only /tmp written), no capabilities
+    assert service["read_only"] is True and service["tmpfs"] == ["/tmp"]
+    assert service["cap_drop"] == ["ALL"]
+    assert service["security_opt"] == ["no-new-privileges:true"]
+
+
+def test_admin_and_metrics_are_not_served_through_the_balancer_nor_prometheus_publicly(
+    compose: dict[str, Any],
+) -> None:
+    """An admin change through nginx would reach one replica of several, and the metrics are
+    scraped per replica: nginx answers 404 for both (and nothing else), longest match first.
+    Prometheus (no auth) is published on the host's loopback unless told otherwise."""
+    nginx_conf = (REPO_ROOT / "deploy" / "nginx.conf").read_text()
+    (pattern,) = re.findall(r"location ~ (\S+) \{\s*return 404;", nginx_conf)
+    for path in ("/admin/threshold", "/admin", "/metrics", "/metrics/"):
+        assert re.search(pattern, path), path
+    for path in ("/v1/predict", "/v2/models/m/infer", "/administer", "/metricsx", "/healthz"):
+        assert not re.search(pattern, path), path
+    (port,) = compose["services"]["prometheus"]["ports"]
+    assert interpolate(port, {}) == "127.0.0.1:9090:9090"
+    assert interpolate(port, {"BAYESGATE_PROMETHEUS_BIND": "0.0.0.0"}) == "0.0.0.0:9090:9090"
 
 
 def test_load_balancer_and_prometheus_reach_every_replica(compose: dict[str, Any]) -> None:

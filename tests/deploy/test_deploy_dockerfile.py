@@ -195,6 +195,7 @@ def test_dockerignore_keeps_what_the_build_copies_and_drops_the_rest(
         "bayesgate.egg-info/PKG-INFO",
         "tests/deploy/conftest.py",
         "deploy/model-store/my-model/model.safetensors",
+        "service/native_front/target/release/libbayesgate_front.so",  # a host build: 95 MB
     ):
         assert dockerignore_excludes(rules, path), f"{path} would enter the build context"
     sources = [
