@@ -1,7 +1,8 @@
 """The native front end (``bayesgate serve --native-port``; service/native_front, Rust): its port
 answers ``/v2`` binary infer requests with the service's bytes for the same seed, takes only the
-requests it can answer exactly and relays every other one to the service unchanged, counts and
-logs what it answers, follows an admin reload, drains at shutdown, and bounds its connections.
+requests it can answer exactly and relays every other one to the service unchanged (but for the
+client's forwarding headers: it names the client itself), counts and logs what it answers,
+follows an admin reload, drains at shutdown, and bounds its connections.
 
 Its answers are told from the service's by the ``server`` header: uvicorn sends one, the front end
 does not. These tests need ``cargo`` (the crate has no dependencies and builds offline); without
@@ -38,7 +39,13 @@ from bayesgate.service.native_build import CRATE, cache_root, find_cargo, librar
 from bayesgate.service.served_model import load_served_model
 from bayesgate.service.settings import Settings
 from tests.service.prometheus_text import sample
-from tests.service.serve_process import API_KEY, bayesgate_command, free_port, start_server
+from tests.service.serve_process import (
+    API_KEY,
+    Server,
+    bayesgate_command,
+    free_port,
+    start_server,
+)
 from tests.service.test_front_end_protos import infer
 
 BUNDLED = Path(__file__).resolve().parents[2] / "models" / "pretrained" / "bayesgate-robust"
@@ -602,18 +609,25 @@ def test_requests_relayed_through_the_drain_delay_are_answered_not_502(
 
 
 @pytest.fixture(scope="module")
-def both_ports(
+def both_ports_server(
     tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[int, int]]:
-    """A real service with its native port: ``(main port, native port)``."""
+) -> Iterator[tuple[Server, int]]:
+    """A real service with its native port: ``(server, native port)``."""
     if find_cargo() is None:
         pytest.skip("cargo (Rust) is not installed")
     native_port = free_port()
     server = start_server(tiny_model_dir, tmp_path_factory.mktemp("both"), native_port=native_port)
     try:
-        yield server.port, native_port
+        yield server, native_port
     finally:
         assert server.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def both_ports(both_ports_server: tuple[Server, int]) -> tuple[int, int]:
+    """``(main port, native port)`` of that service."""
+    server, native_port = both_ports_server
+    return server.port, native_port
 
 
 def exchange(port: int, data: bytes, wait: float = 8.0) -> tuple[bytes, float | None]:
@@ -713,3 +727,41 @@ def test_a_repeated_content_length_or_transfer_encoding_is_refused_as_on_the_mai
         assert status_and_body(a)[0] == 400 and status_and_body(a) == status_and_body(b), (a, b)
         assert b"server: uvicorn" in b and closed is not None and closed < 3, (b, closed)
     assert b"Duplicate Content-Length" in exchange(native, head + length + length + b"\r\n")[0]
+
+
+def test_a_relayed_request_is_logged_with_its_client_s_address_which_it_cannot_forge(
+    both_ports_server: tuple[Server, int],
+) -> None:
+    """uvicorn trusts ``X-Forwarded-For`` from 127.0.0.1, where the relay connects from, and the
+    relay forwarded the client's own: a client of the native port could set the address the
+    service logged for it (``"client": "6.6.6.6:0"``), and without the header every relayed
+    request was logged as the relay's own connection. The relay now drops the client's
+    forwarding headers and sends the peer it accepted, so the service logs the client's real
+    address and port, whatever it sends."""
+    server, native = both_ports_server
+    forged = (
+        b"X-Forwarded-For: 6.6.6.6\r\nx-forwarded-for: 7.7.7.7, 127.0.0.1\r\n"
+        b"X-Forwarded-Proto: https\r\nForwarded: for=6.6.6.6\r\n"
+    )
+    clients = {}
+    for request_id, extra in (("relayed-forged-xff", forged), ("relayed-plain", b"")):
+        with socket.create_connection(("127.0.0.1", native), timeout=10) as sock:
+            host, port = sock.getsockname()[:2]
+            clients[request_id] = f"{host}:{port}"
+            sock.sendall(
+                b"GET /v1/nothing HTTP/1.1\r\nHost: x\r\nX-Request-ID: %s\r\n%s"
+                b"Connection: close\r\n\r\n" % (request_id.encode(), extra)
+            )
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+        assert status_and_body(answer)[0] == 404 and b"server: uvicorn" in answer, answer
+    deadline = time.monotonic() + 10
+    while True:  # the service logs after its answer has gone out
+        logged = {r.get("request_id"): r for r in server.log_records() if r.get("route")}
+        if set(clients) <= set(logged) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    for request_id, client in clients.items():
+        record = logged[request_id]
+        assert record["path"] == "/v1/nothing" and record["client"] == client, record

@@ -248,7 +248,7 @@ pub(crate) fn serve_connection(shared: &Shared, stream: &mut TcpStream, slot: &C
             let outcome = {
                 let _in_flight = Gauge::up(&stats.relays_in_flight);
                 drop(reading);
-                relay::relay(&cfg.upstream, stream, &head, framing, &buf[end..])
+                relay::relay(&cfg.upstream, stream, client, &head, framing, &buf[end..])
             };
             if let Some((status, bytes)) = outcome.native_answer(&request_id) {
                 let a = Answered {

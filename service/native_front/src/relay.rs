@@ -1,9 +1,10 @@
 //! Relay a request to the Python service byte for byte and stream its response back.
 //!
 //! A new upstream connection per request: the request line and header lines as received,
-//! except `Connection` lines (replaced by one `Connection: close`), then the body as received
-//! (a `Content-Length` body, or a chunked body read to its end — chunk lines, data and
-//! trailers forwarded raw). The upstream response is copied to the client unchanged, to EOF,
+//! except `Connection` lines (replaced by one `Connection: close`) and the client's forwarding
+//! headers (replaced by one `X-Forwarded-For` naming the peer: [`upstream_head`]), then the
+//! body as received (a `Content-Length` body, or a chunked body read to its end — chunk lines,
+//! data and trailers forwarded raw). The upstream response is copied to the client unchanged, to EOF,
 //! concurrently with the body upload (so an interim `100 Continue` or an early 413 reaches
 //! the client). The upload stops once the upstream has closed its side ([`ClientBody`]). The
 //! caller closes the client connection afterwards.
@@ -89,19 +90,45 @@ pub fn copy_chunked<R: BufRead, W: Write>(r: &mut R, w: &mut W) -> Result<u64, C
     }
 }
 
-/// The head sent upstream: request line and headers as received, `Connection` replaced.
-pub fn upstream_head(head: &Head) -> Vec<u8> {
-    let mut out = Vec::with_capacity(head.raw.len() + 32);
+/// Headers a proxy uses to tell the server about the client: never relayed from the client.
+/// uvicorn reads `X-Forwarded-For` and `X-Forwarded-Proto` (from a peer in its
+/// `forwarded_allow_ips`, 127.0.0.1 by default: where the relay connects from); the others are
+/// dropped too, so no later uvicorn or middleware that reads them takes a client's word either.
+const FORWARDING_HEADERS: [&[u8]; 5] = [
+    b"x-forwarded-for",
+    b"x-forwarded-proto",
+    b"x-forwarded-host",
+    b"x-forwarded-port",
+    b"forwarded",
+];
+
+/// The head sent upstream: request line and headers as received, `Connection` replaced, and
+/// the client's forwarding headers replaced by one `X-Forwarded-For: <peer>` (`peer` as
+/// `ip:port` or `[v6]:port`, the native access log's `client`).
+///
+/// Replaced, not appended to: uvicorn's `ProxyHeadersMiddleware` (0.54) joins every
+/// `X-Forwarded-For` line, then scans the list from the right for the first host not in
+/// `forwarded_allow_ips` (all trusted: the leftmost; `*`: always the leftmost). Appending the
+/// peer would keep a proxy chain in front of this port, but a peer that uvicorn trusts — any
+/// local client, 127.0.0.1 by default — would be skipped and the client's own entry to its
+/// left logged (`X-Forwarded-For: 6.6.6.6` → `"client": "6.6.6.6:0"`), and with `*` anyone's.
+/// With one entry of its own, the main port logs the real peer under every setting. The port
+/// too: uvicorn ≥ 0.45 reads `ip:port` and `[v6]:port` entries.
+pub fn upstream_head(head: &Head, peer: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(head.raw.len() + 80);
     out.extend_from_slice(&head.raw[head.request_line.clone()]);
     out.extend_from_slice(b"\r\n");
     for h in &head.headers {
-        if head.raw[h.name.clone()].eq_ignore_ascii_case(b"connection") {
+        let name = &head.raw[h.name.clone()];
+        if name.eq_ignore_ascii_case(b"connection") || FORWARDING_HEADERS.iter().any(|f| name.eq_ignore_ascii_case(f)) {
             continue;
         }
         out.extend_from_slice(&head.raw[h.line.clone()]);
         out.extend_from_slice(b"\r\n");
     }
-    out.extend_from_slice(b"Connection: close\r\n\r\n");
+    out.extend_from_slice(b"X-Forwarded-For: ");
+    out.extend_from_slice(peer.as_bytes());
+    out.extend_from_slice(b"\r\nConnection: close\r\n\r\n");
     out
 }
 
@@ -163,9 +190,17 @@ impl RelayOutcome {
 }
 
 /// Relay one request. `buffered` holds the bytes already read after the head (the start of
-/// the body, maybe more); the rest of the body is read from `client`. A native answer the
-/// outcome calls for is not written here ([`RelayOutcome::native_answer`]).
-pub fn relay(upstream: &str, client: &mut TcpStream, head: &Head, framing: Framing, buffered: &[u8]) -> RelayOutcome {
+/// the body, maybe more); the rest of the body is read from `client`, whose address is `peer`
+/// (sent as `X-Forwarded-For`: [`upstream_head`]). A native answer the outcome calls for is not
+/// written here ([`RelayOutcome::native_answer`]).
+pub fn relay(
+    upstream: &str,
+    client: &mut TcpStream,
+    peer: &str,
+    head: &Head,
+    framing: Framing,
+    buffered: &[u8],
+) -> RelayOutcome {
     let mut up = match connect(upstream) {
         Ok(s) => s,
         Err(_) => return RelayOutcome::UpstreamDown,
@@ -200,7 +235,7 @@ pub fn relay(upstream: &str, client: &mut TcpStream, head: &Head, framing: Frami
         upstream_done: false,
     };
     let upload = (|| -> io::Result<()> {
-        let mut first = upstream_head(head);
+        let mut first = upstream_head(head, peer);
         match framing {
             Framing::Empty => up.write_all(&first),
             Framing::Length(n) => {
@@ -302,8 +337,28 @@ mod tests {
         let head =
             Head::parse(b"GET /x HTTP/1.1\r\nHost: h\r\nconnection: keep-alive\r\nX-Y:  z \r\n\r\n".to_vec()).unwrap();
         assert_eq!(
-            upstream_head(&head),
-            b"GET /x HTTP/1.1\r\nHost: h\r\nX-Y:  z \r\nConnection: close\r\n\r\n"
+            upstream_head(&head, "192.0.2.7:40000"),
+            b"GET /x HTTP/1.1\r\nHost: h\r\nX-Y:  z \r\nX-Forwarded-For: 192.0.2.7:40000\r\nConnection: close\r\n\r\n"
         );
+    }
+
+    #[test]
+    fn the_peer_replaces_the_client_s_forwarding_headers() {
+        let head = Head::parse(
+            b"POST /v1/x HTTP/1.1\r\nX-Forwarded-For: 6.6.6.6\r\nHost: h\r\nx-forwarded-for: 7.7.7.7, 127.0.0.1\r\n\
+              X-FORWARDED-PROTO: https\r\nX-Forwarded-Host: evil\r\nX-Forwarded-Port: 443\r\n\
+              Forwarded: for=6.6.6.6\r\nX-Forwarded-Forx: kept\r\nContent-Length: 0\r\n\r\n"
+                .to_vec(),
+        )
+        .unwrap();
+        for peer in ["203.0.113.9:5555", "[2001:db8::1]:443"] {
+            let mut expected = b"POST /v1/x HTTP/1.1\r\nHost: h\r\nX-Forwarded-Forx: kept\r\nContent-Length: 0\r\n\
+                X-Forwarded-For: "
+                .to_vec();
+            expected.extend_from_slice(peer.as_bytes());
+            expected.extend_from_slice(b"\r\nConnection: close\r\n\r\n");
+            let got = upstream_head(&head, peer);
+            assert_eq!(String::from_utf8_lossy(&got), String::from_utf8_lossy(&expected));
+        }
     }
 }

@@ -320,8 +320,9 @@ fn fast_path_pipelined_and_relay() {
     // relayed: another route, on a keep-alive connection with a pipelined request behind it
     let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let peer0 = c.local_addr().unwrap().to_string();
     c.write_all(
-        b"GET /v2/health/ready HTTP/1.1\r\nHost: t\r\nConnection: keep-alive\r\n\r\nGET /next HTTP/1.1\r\n\r\n",
+        b"GET /v2/health/ready HTTP/1.1\r\nHost: t\r\nX-Forwarded-For: 6.6.6.6\r\nConnection: keep-alive\r\n\r\nGET /next HTTP/1.1\r\n\r\n",
     )
     .unwrap();
     let mut got = Vec::new();
@@ -331,6 +332,7 @@ fn fast_path_pipelined_and_relay() {
     // relayed: an infer that wants a JSON answer (rule 8), body forwarded unchanged
     let req = infer_request(1, 0.5, "", "");
     let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let peer1 = c.local_addr().unwrap().to_string();
     c.write_all(&req).unwrap();
     let mut got2 = Vec::new();
     c.read_to_end(&mut got2).unwrap();
@@ -338,6 +340,7 @@ fn fast_path_pipelined_and_relay() {
 
     // relayed: a chunked body, read to its end and forwarded raw
     let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let peer2 = c.local_addr().unwrap().to_string();
     c.write_all(b"POST /v1/predict HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
         .unwrap();
     let mut got3 = Vec::new();
@@ -346,16 +349,20 @@ fn fast_path_pipelined_and_relay() {
 
     up_thread.join().unwrap();
     let seen = seen.lock().unwrap();
+    // the client's own X-Forwarded-For is dropped: the upstream is told the peer's address
     assert_eq!(
-        seen[0],
-        b"GET /v2/health/ready HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+        String::from_utf8_lossy(&seen[0]),
+        format!("GET /v2/health/ready HTTP/1.1\r\nHost: t\r\nX-Forwarded-For: {peer0}\r\nConnection: close\r\n\r\n")
     );
     let (head1, body1) = req.split_at(req.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4);
     let mut fwd = head1[..head1.len() - 2].to_vec();
-    fwd.extend_from_slice(b"Connection: close\r\n\r\n");
+    fwd.extend_from_slice(format!("X-Forwarded-For: {peer1}\r\nConnection: close\r\n\r\n").as_bytes());
     fwd.extend_from_slice(body1);
     assert_eq!(seen[1], fwd);
-    assert_eq!(seen[2], b"POST /v1/predict HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n3\r\nabc\r\n0\r\n\r\n");
+    assert_eq!(
+        String::from_utf8_lossy(&seen[2]),
+        format!("POST /v1/predict HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\nX-Forwarded-For: {peer2}\r\nConnection: close\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
+    );
 
     // malformed and oversized heads are answered natively
     let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
