@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 LIST_HELP = "space- or comma-separated (a list takes every word after it: give it after the "
-LIST_HELP += "positional arguments, or end it with --)"
+LIST_HELP += "positional arguments)"
 """Appended to the help of every flag made by :func:`list_flag`."""
 
 
@@ -74,8 +74,7 @@ class SplitList(argparse.Action):
                 name = getattr(self.item, "__name__", "")
                 parser.error(
                     f"argument {option_string}: invalid {name} value: {piece!r} (a list flag "
-                    "takes every word after it: give it after the positional arguments, or end "
-                    "it with --)"
+                    "takes every word after it: give it after the positional arguments)"
                 )
         setattr(namespace, self.dest, items)
 

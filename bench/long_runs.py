@@ -473,24 +473,29 @@ def export_argv(
     return argv
 
 
-def replaces_an_export(out: Path, argv: list[str]) -> list[str] | None:
-    """The flags that let ``argv`` (an export's ``train … --resume``) write into ``out``: none
-    when ``out`` holds no model; ``--force`` when it holds an earlier export of the same model
-    (its card's name is the one being written): the checkpoint *copy* resumed here never wrote
-    it, so ``train`` alone refuses it (it writes over only a model its checkpoint's run wrote);
-    None, with a message, when it holds another model."""
-    from bayesgate.models.store.directory import CARD_FILE, read_card
+EXPORT_RECORD = "long-runs-export.json"
+"""Written into a model directory by :func:`export`: which run (name, checkpoint) it came from."""
+
+
+def replaces_an_export(out: Path, run: Run) -> list[str] | None:
+    """The flags that let the export of ``run`` (its ``train … --resume``) write into ``out``: none
+    when ``out`` holds no model; ``--force`` when it holds an earlier export of this run (its
+    :data:`EXPORT_RECORD` names this run's checkpoint): the checkpoint *copy* resumed here never
+    wrote it, so ``train`` alone refuses it. None, with a message, for any other model there —
+    one of the same name too (a name says nothing of which run made the model)."""
+    from bayesgate.models.store.directory import CARD_FILE
 
     if not (out / CARD_FILE).is_file():
         return []
-    name = argv[argv.index("--name") + 1]
     try:
-        held = read_card(out).name
-    except Exception as exc:  # a card that does not read is not an earlier export
-        held = f"unreadable card: {exc}"
-    if held != name:
-        print(f"long_runs: {out} holds another model ({held}), not an export of {name}; "
-              "choose another directory", file=sys.stderr)  # fmt: skip
+        record = json.loads((out / EXPORT_RECORD).read_text())
+    except (OSError, ValueError):
+        record = None
+    mine = {"run": run.name, "checkpoint": str(run.checkpoint.resolve())}
+    if not isinstance(record, dict) or {k: record.get(k) for k in mine} != mine:
+        print(f"long_runs: {out} holds a model that is not an export of {run.name} (no "
+              f"{EXPORT_RECORD} naming {run.checkpoint}); choose another directory",
+              file=sys.stderr)  # fmt: skip
         return None
     return ["--force"]
 
@@ -549,13 +554,15 @@ def export(run: Run, out: Path, *, last: bool = False) -> int:
         if last:
             keep_last_epoch(copy)
         argv = export_argv(run, bayesgate, copy, out, epochs, name)
-        replacing = replaces_an_export(out, argv)
+        replacing = replaces_an_export(out, run)
         if replacing is None:
             return 2
         argv += replacing
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         code = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL).returncode
     if code == 0:
+        record = {"run": run.name, "checkpoint": str(run.checkpoint.resolve()), "epoch": epochs}
+        (out / EXPORT_RECORD).write_text(json.dumps(record) + "\n")
         print(f"{run.name}: epoch {epochs} exported to {out}")
     return code
 

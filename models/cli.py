@@ -271,13 +271,15 @@ def cmd_train(args: argparse.Namespace) -> int:
         # not an error: a long run is launched with --resume every time (bench/long_runs.py)
         print(f"--resume: no checkpoint in {checkpointing.directory} yet; starting at epoch 1",
               file=sys.stderr)  # fmt: skip
-    if not has_checkpoint or (not args.resume and finished_run_in(checkpoint_dir)):
-        # a new run here (over nothing, or over a finished run it will overwrite; train()
-        # refuses an unfinished one): nothing written by it yet, whatever the old run wrote
-        run_outputs.start(checkpoint_dir)
+    if not has_checkpoint:
+        run_outputs.start(checkpoint_dir)  # a new run: nothing written by it yet
     transform, on_epoch = _epoch_hooks(
         args, model, adversarial, config, (train_data, val_data), device, checkpointing
     )
+    if not args.resume and has_checkpoint and finished_run_in(checkpoint_dir):
+        # a new run over a finished one (train() refuses an unfinished one): once its first
+        # epoch's checkpoint replaces the old run's, what the old run wrote is not its own
+        on_epoch = run_outputs.starting_at_first_epoch(checkpoint_dir, on_epoch)
     result = train(
         model,
         train_data,

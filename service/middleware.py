@@ -166,7 +166,7 @@ class RequestContextMiddleware:
         if not access_log.isEnabledFor(level):
             return
         client = scope.get("client")
-        path = printable(scope.get("path", ""))
+        path = scope.get("path", "")  # as sent in the JSON fields (JSON escapes it)
         fields = {
             "method": method,
             "path": path,
@@ -176,16 +176,18 @@ class RequestContextMiddleware:
             "bytes_sent": sent,
             "client": f"{client[0]}:{client[1]}" if client else None,
         }
-        access_log.log(level, "%s %s %d", printable(method), path, status, extra={"fields": fields})
+        message = (printable(method), printable(path), status)  # one line in a text log too
+        access_log.log(level, "%s %s %d", *message, extra={"fields": fields})
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")  # C0, DEL, C1, line separators
 
 
 def printable(text: str) -> str:
-    """``text`` with control characters as ``\\xNN``: a decoded path (``/x%0aINFO: forged``) must
-    not start a line of its own in a text log."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    """``text`` with control and line-separator characters as ``\\xNN`` / ``\\uNNNN``: a decoded
+    path (``/x%0aINFO: forged``, ``%c2%85``, ``%e2%80%a8``) must not start a line of its own in
+    a text log."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def arrived_at(scope: Scope) -> float:

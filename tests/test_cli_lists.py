@@ -102,12 +102,13 @@ def test_a_piece_that_is_no_number_is_one_line_naming_the_flag(
 
 def test_a_model_after_a_list_flag_is_told_where_to_go(capsys: pytest.CaptureFixture[str]) -> None:
     """A list flag takes every word after it, so a model typed after ``--eps 0.1,0.2`` is read
-    as a radius; the error says why and how to write it, and ``--`` ends the list."""
+    as a radius; the error says why and how to write it. ``--`` ends the list when only
+    positional arguments follow it."""
     with pytest.raises(SystemExit):
         cli.main(["evaluate-robust", "--eps", "0.1,0.2", "bayesgate-robust", "--out", "x"])
     err = capsys.readouterr().err
     assert "invalid float value: 'bayesgate-robust'" in err
-    assert "give it after the positional arguments, or end it with --" in err
+    assert "give it after the positional arguments)" in err
     parser = cli.subcommand_parsers(cli.build_parser())["evaluate-robust"]
     args = parser.parse_args(["--out", "x", "--eps", "0.1,0.2", "--", "bayesgate-robust"])
     assert args.eps == [0.1, 0.2] and [m.name for m in args.models] == ["bayesgate-robust"]

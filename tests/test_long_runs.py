@@ -210,11 +210,16 @@ def test_export_writes_the_best_epoch_without_touching_the_running_checkpoint(
     (out / "calibration.json").write_text("of these weights")
     assert long_runs.main(["export", run.name, str(out)]) == 0
     assert (out / "calibration.json").read_text() == "of these weights"
+    # any other model there is refused — one of the same name too (not an export of this run)
     other = private_user_cache / "other-model"
     shutil.copytree(out, other)
+    (other / long_runs.EXPORT_RECORD).unlink()
+    (other / "calibration.json").write_text("of the other model")
+    assert long_runs.main(["export", run.name, str(other)]) == 2
     (other / "card.json").write_text(json.dumps({**card, "name": "someone-else"}))
-    assert long_runs.main(["export", run.name, str(other)]) == 2  # another model: refused
+    assert long_runs.main(["export", run.name, str(other)]) == 2
     assert json.loads((other / "card.json").read_text())["name"] == "someone-else"
+    assert (other / "calibration.json").read_text() == "of the other model"
 
     fresh = private_user_cache / "fresh"
     argv = long_runs.export_argv(run, bayesgate, private_user_cache / "fresh-ckpt", fresh, best)

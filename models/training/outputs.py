@@ -11,7 +11,9 @@ before this file existed has none, and :func:`wrote` then answers None (unknown)
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from bayesgate.models.training.checkpoint import CheckpointError, atomic_write
 
@@ -64,3 +66,23 @@ def wrote(directory: Path, out: Path, weights_sha256: str) -> bool | None:
 def written(directory: Path) -> list[str]:
     """The ``--out`` directories the run of ``directory`` wrote (for messages)."""
     return [str(r.get("out")) for r in _read(directory) or []]
+
+
+def starting_at_first_epoch(
+    directory: Path, on_epoch: Callable[[Any], None] | None
+) -> Callable[[Any], None]:
+    """``on_epoch`` that first empties the record, once: ``train()`` calls it right after an
+    epoch's checkpoint is written, so the record is cleared when the new run's checkpoint has
+    replaced the old run's — not before (a run failing before its first epoch leaves the old
+    checkpoint and its record as they were)."""
+    started = False
+
+    def hook(row: Any) -> None:
+        nonlocal started
+        if not started:
+            start(directory)
+            started = True
+        if on_epoch is not None:
+            on_epoch(row)
+
+    return hook

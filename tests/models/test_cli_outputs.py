@@ -129,7 +129,8 @@ def test_an_interrupted_new_run_over_a_finished_checkpoint_cannot_resume_into_th
     """Run 1 finishes into A; run 2 starts afresh in the same checkpoint folder (its own --out
     B) and is interrupted after its first epoch: its checkpoint is not the one that wrote A, so
     ``--resume --out A`` is refused. The record is cleared when run 2 starts, not when it ends
-    (the review's bypass)."""
+    (the review's bypass) — and not before its first epoch's checkpoint replaces run 1's (a run
+    that fails before that leaves run 1 resumable into A)."""
     from bayesgate.models.training import train as training
 
     out, ckpt = tmp_path / "A", tmp_path / "ckpt"
@@ -139,9 +140,10 @@ def test_an_interrupted_new_run_over_a_finished_checkpoint_cannot_resume_into_th
     save, saves = training._save, []
 
     def interrupted_after_one_epoch(*args: object, **kwargs: object) -> None:
+        if saves:  # Ctrl-C in the second epoch, before its checkpoint
+            raise KeyboardInterrupt
         save(*args, **kwargs)
         saves.append(1)
-        raise KeyboardInterrupt
 
     second = [*TINY[:4], "3", *TINY[5:], "--checkpoint-dir", str(ckpt)]  # --epochs 3
     with monkeypatch.context() as mp:
@@ -152,6 +154,20 @@ def test_an_interrupted_new_run_over_a_finished_checkpoint_cannot_resume_into_th
     assert (out / "calibration.json").read_text() == "A's"
     code, _, stderr = _run([*second, "--out", str(tmp_path / "B"), "--resume"])
     assert code == 0, stderr
+
+    # a new run over run 3's finished checkpoint that stops before its first checkpoint leaves
+    # run 3's record: run 3 still resumes into its --out
+    third = [*TINY, "--checkpoint-dir", str(tmp_path / "ckpt3")]
+    assert _run([*third, "--out", str(tmp_path / "C")])[0] == 0
+
+    def interrupted_before_its_first_checkpoint(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as mp:
+        mp.setattr(training, "_save", interrupted_before_its_first_checkpoint)
+        assert _run([*third, "--out", str(tmp_path / "D")])[0] == 130
+    code, _, stderr = _run([*third, "--out", str(tmp_path / "C"), "--resume"])
+    assert code == 0 and "not written" not in stderr, stderr
 
 
 def test_the_stale_files_are_what_calibrate_and_fit_detector_write() -> None:

@@ -468,8 +468,8 @@ async def test_clients_cannot_grow_the_metrics_or_forge_log_lines(
     serving: Callable[[Settings], Any], make_settings: Callable[..., Settings]
 ) -> None:
     """A made-up HTTP method (h11 passes any token) is counted as ``other``, so a client cannot
-    add series to ``/metrics`` without bound; a decoded path holding a newline is logged with
-    ``\\x0a``, so it cannot start a forged line of a text log."""
+    add series to ``/metrics`` without bound; a decoded path holding a line break (LF, NEL,
+    U+2028) is logged escaped, so it cannot start a forged line of a text log."""
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
     handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))  # the text format
@@ -479,11 +479,40 @@ async def test_clients_cannot_grow_the_metrics_or_forge_log_lines(
         async with serving(make_settings()) as (app, client):
             for i in range(3):
                 await client.request(f"X{i:07d}", "/healthz")
-            await client.get("/x%0aINFO:%20forged%20admin%20reload")
+            for separator in ("%0a", "%c2%85", "%e2%80%a8"):  # LF, NEL, LINE SEPARATOR
+                await client.get(f"/x{separator}INFO:%20forged%20admin%20reload")
             text = app.state.metrics.exposition()[0].decode()
     finally:
         access.removeHandler(handler)
     assert 'method="other"' in text and "X000000" not in text
-    lines = stream.getvalue().splitlines()
+    lines = stream.getvalue().splitlines()  # splits at NEL and U+2028 too
     assert not any(line.startswith("INFO: forged") for line in lines), lines
-    assert any("/x\\x0aINFO: forged admin reload 404" in line for line in lines), lines
+    for escaped in ("\\n", "\\x85", "\\u2028"):
+        assert any(f"/x{escaped}INFO: forged admin reload 404" in line for line in lines), lines
+
+
+async def test_the_openapi_document_says_the_admin_routes_need_the_key(
+    serving: Callable[[Settings], Any], make_settings: Callable[..., Settings]
+) -> None:
+    """The key check that runs before the body is read (``AdminRoute.admit``) is not what
+    documents it: the router's dependency is, and it stays — every admin operation lists the
+    bearer and the X-API-Key schemes and its 401/403."""
+    async with serving(make_settings(api_key=KEY)) as (_, client):
+        document = (await client.get("/openapi.json")).json()
+    schemes = document["components"]["securitySchemes"]
+    assert schemes["AdminBearer"]["scheme"] == "bearer"
+    assert schemes["AdminApiKey"] == {**schemes["AdminApiKey"], "in": "header", "name": "X-API-Key"}
+    operations = [
+        (path, method, op)
+        for path, item in document["paths"].items()
+        if path.startswith("/admin")
+        for method, op in item.items()
+    ]
+    assert {(p, m) for p, m, _ in operations} == {
+        ("/admin/reload", "post"),
+        ("/admin/threshold", "put"),
+        ("/admin/threshold", "delete"),
+    }
+    for path, method, op in operations:
+        assert {"AdminBearer": []} in op["security"] and {"AdminApiKey": []} in op["security"]
+        assert {"401", "403"} <= set(op["responses"]), (path, method)
