@@ -221,12 +221,25 @@ def transfer_coding_error(headers: Any) -> UnsupportedTransferCoding | None:
     )
 
 
+BODY_METHODS = ("POST", "PUT", "PATCH")
+
+
+def body_coding_error(
+    method: str, headers: Any
+) -> UnsupportedTransferCoding | UnsupportedMediaType | None:
+    """The coding checks of a request that carries a body (:func:`transfer_coding_error`, then
+    :func:`content_encoding_error`); a GET or HEAD costs one comparison, not two header walks."""
+    if method not in BODY_METHODS:
+        return None
+    return transfer_coding_error(headers) or content_encoding_error(method, headers)
+
+
 def content_encoding_error(method: str, headers: Any) -> UnsupportedMediaType | None:
     """415 for a compressed request body (``Content-Encoding`` other than ``identity``): the
     service reads bodies as sent, and a gzip body would otherwise be judged as JSON, a tensor
     header or a form and refused with a message about its bytes (tritonclient's
     ``request_compression_algorithm="gzip"``, curl with a gzipped file)."""
-    if method not in ("POST", "PUT", "PATCH"):
+    if method not in BODY_METHODS:
         return None
     codings = header_list(headers, b"content-encoding")
     if all(c == "identity" for c in codings):
@@ -267,9 +280,7 @@ class BodyLimitMiddleware:
         if error is not None:
             await error_response(error, v2=v2)(scope, receive, send)
             return
-        coded = transfer_coding_error(headers) or content_encoding_error(
-            scope.get("method", ""), headers
-        )
+        coded = body_coding_error(scope.get("method", ""), headers)
         if coded is not None:
             await error_response(coded, v2=v2)(scope, receive, send)
             return
