@@ -32,6 +32,7 @@ COMMAND_MODULES = (
     "bayesgate.attacks.cli",
     "bayesgate.attacks.robust_cli",
     "bayesgate.service.cli",
+    "bayesgate.service.predict_cli",
     "bayesgate.models.uci.cli",
 )
 

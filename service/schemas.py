@@ -242,10 +242,13 @@ def predict_response(predictions: list[Prediction], k: int, seed: int | None) ->
         "mc_samples": k,
         "calibration_mc_samples": model.calibration_mc_samples,
         "seed": seed,
-        "predictions": [
-            dict(zip(INSTANCE_FIELDS, _instance_values(p), strict=True)) for p in predictions
-        ],
+        "predictions": [instance_dict(p) for p in predictions],
     }
+
+
+def instance_dict(prediction: Prediction) -> dict[str, Any]:
+    """The ``/v1`` encoding of one prediction (:class:`InstancePrediction`'s fields, in order)."""
+    return dict(zip(INSTANCE_FIELDS, _instance_values(prediction), strict=True))
 
 
 class ModelList(BaseModel):

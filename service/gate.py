@@ -1,0 +1,153 @@
+"""The service's answers without a server: score images from Python (and ``bayesgate predict``).
+
+::
+
+    from bayesgate.service.gate import Gate
+
+    gate = Gate.load("bayesgate-robust")    # a model directory, or a bundled model's name
+    answers = gate.predict(images, seed=0)  # N×28×28, N×784 or N×1×28×28, in [0, 1] (uint8: /255)
+    answers[0].label, answers[0].adversarial, answers[0].scores["fused"]
+
+A :class:`Gate` loads a model exactly as ``bayesgate serve`` does (:func:`load_served_model`:
+weights checked against the card's sha256, ``calibration.json`` and the fused detector checked
+against the weights) and answers through the same path as the service's worker: the engine with
+the detector's features (:func:`~bayesgate.service.engine.mc_engine`), then every measure and
+score (:func:`~bayesgate.service.prediction.predictions`). Each answer is a
+:class:`~bayesgate.service.prediction.Prediction`, the object ``/v1/predict`` encodes;
+:func:`~bayesgate.service.schemas.instance_dict` gives its ``/v1`` JSON fields.
+
+Images are cut into chunks of ``batch_size``; each chunk is one engine call. With a ``seed`` each
+chunk's masks come from a generator seeded with it, as the service seeds a request's: the answers
+of a chunk equal those ``POST /v1/predict`` gives for a request holding the same images with the
+same ``seed`` and ``mc_samples`` (``tests/service/test_gate.py`` checks this). Without one the
+masks come from torch's global generator, as an unseeded request's do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bayesgate.errors import InvalidArgument
+from bayesgate.models.store.bundled import DEFAULT_ALIAS, model_dir_not_found, resolve_model_dir
+from bayesgate.service.engine import mc_engine
+from bayesgate.service.errors import InvalidInput, StartupError
+from bayesgate.service.inputs import accepted_shapes, check_values, kind_text
+from bayesgate.service.prediction import Prediction, predictions
+from bayesgate.service.schemas import MAX_SEED
+from bayesgate.service.served_model import ServedModel, load_served_model
+
+DEFAULT_BATCH_SIZE = 256
+
+
+@dataclass(frozen=True)
+class Gate:
+    """A loaded model that answers as the service would (see the module's docstring)."""
+
+    model: ServedModel
+
+    @classmethod
+    def load(cls, model: str | Path = DEFAULT_ALIAS, device: str = "auto") -> Gate:
+        """The model directory ``model``, or the bundled model of that name (``bayesgate-robust``,
+        ``bayesgate-cnn``, ``bayesgate-default``); ``device`` ``auto`` takes CUDA when there is
+        one. Raises :class:`~bayesgate.service.errors.StartupError` naming the file and problem."""
+        directory = resolve_model_dir(Path(model))
+        if not directory.is_dir():
+            raise StartupError(model_dir_not_found(directory, "model"))
+        return cls(load_served_model(directory, device))
+
+    @property
+    def default_k(self) -> int:
+        """The K the flag's threshold was set at: the service's default ``mc_samples``."""
+        return self.model.basis.k
+
+    def images(self, images: Any, field: str = "images") -> torch.Tensor:
+        """``images`` as a float32 ``N×(card input shape)`` tensor; raises :class:`InvalidInput`
+        naming ``field`` and the problem.
+
+        Accepted: an array (numpy, torch or nested lists) of one image or of N images, each in
+        one of the shapes the service takes (``1×28×28``, ``28×28`` or ``784``). ``uint8`` values
+        are pixels, read as ``v / 255`` (as a PNG's are); any other numbers must be finite and in
+        the card's range ([0, 1]), as ``/v1`` ``instances`` must. Booleans are refused."""
+        shape = tuple(self.model.input_shape)
+        if isinstance(images, torch.Tensor):
+            images = images.detach().cpu().numpy()
+        try:
+            arr = np.asarray(images)
+        except (ValueError, TypeError) as exc:
+            raise InvalidInput(f"{field}: not an array of numbers ({exc})") from None
+        if arr.dtype.kind not in "iuf":
+            raise InvalidInput(f"{field}: expected numbers, got {kind_text(arr)}")
+        shapes = accepted_shapes(shape)
+        if arr.shape in shapes:
+            arr = arr[None]
+        elif arr.shape[1:] not in shapes:
+            accepted = " or ".join("N×" + "×".join(map(str, s)) for s in shapes)
+            got = "×".join(map(str, arr.shape)) or "a scalar"
+            raise InvalidInput(f"{field}: expected shape {accepted}, got {got}")
+        if arr.shape[0] == 0:
+            raise InvalidInput(f"{field}: no images (the first axis is 0 long)")
+        if arr.dtype == np.uint8:
+            batch = arr.astype(np.float32) / np.float32(255.0)
+        else:
+            batch = arr.astype(np.float64)
+            check_values(field, batch, self.model.input_range)
+        return torch.from_numpy(
+            np.ascontiguousarray(batch.reshape(len(batch), *shape), dtype=np.float32)
+        )
+
+    def predict(
+        self,
+        images: Any,
+        k: int | None = None,
+        seed: int | None = None,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+    ) -> list[Prediction]:
+        """One :class:`Prediction` per image of ``images`` (see :meth:`images`), from ``k`` MC
+        passes (default :attr:`default_k`); ``seed`` seeds each chunk of ``batch_size`` images
+        as the service seeds one request."""
+        return [p for chunk in self.chunks(images, k, seed, batch_size) for p in chunk]
+
+    def chunks(
+        self,
+        images: Any,
+        k: int | None = None,
+        seed: int | None = None,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+    ) -> Iterator[list[Prediction]]:
+        """:meth:`predict`'s answers a chunk of ``batch_size`` images at a time, each as soon as
+        it is computed (every argument is checked before the first)."""
+        k = self.default_k if k is None else k
+        _check_int("k", k, 1)
+        _check_int("batch_size", batch_size, 1)
+        if seed is not None:
+            _check_int("seed", seed, 0, MAX_SEED)
+        x = self.images(images)
+        return (self._answer(x[i : i + batch_size], k, seed) for i in range(0, len(x), batch_size))
+
+    def _answer(self, x: torch.Tensor, k: int, seed: int | None) -> list[Prediction]:
+        """One engine call, as the worker makes it (``_compute_and_answer``, ``_answer``)."""
+        model = self.model
+        generator = None
+        if seed is not None:
+            generator = torch.Generator(device=model.device).manual_seed(seed)
+        x = x.to(model.device)
+        with torch.inference_mode():
+            if model.detector is None:
+                return predictions(mc_engine(model.network, x, k, generator), model)
+            out = mc_engine(model.network, x, k, generator, features=model.detector.layers)
+            return predictions(out.probs, model, out.features)
+
+
+def _check_int(name: str, value: Any, minimum: int, maximum: int | None = None) -> None:
+    """:class:`InvalidArgument` unless ``value`` is an int (not a bool) in [minimum, maximum]."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise InvalidArgument(f"{name} must be an integer, got {value!r}")
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f"≥ {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise InvalidArgument(f"{name} must be {bound}, got {value}")

@@ -1,0 +1,280 @@
+"""``bayesgate predict``: files in, one answer per image out, each equal to ``Gate.predict``'s
+(itself checked against ``/v1`` in test_gate.py); every bad file or flag is one line naming it."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from bayesgate.cli import main
+from bayesgate.service import predict_cli
+from bayesgate.service.gate import Gate
+from bayesgate.service.schemas import instance_dict
+
+
+@pytest.fixture(scope="module")
+def gate(tiny_model_dir: Path) -> Gate:
+    return Gate.load(tiny_model_dir, "cpu")
+
+
+@pytest.fixture
+def files(tmp_path: Path, mnist_test: tuple[torch.Tensor, torch.Tensor]) -> dict[str, Path]:
+    """Two PNG digits in a folder, a uint8 .npy of three, an attack-style .npz (x_adv + others)
+    and a one-image float .npy."""
+    pixels = (mnist_test[0][:8].numpy() * 255).round().astype(np.uint8)
+    folder = tmp_path / "pngs"
+    folder.mkdir()
+    for i in (0, 1):
+        Image.fromarray(pixels[i, 0]).save(folder / f"digit{i}.png")
+    (folder / "notes.txt").write_text("not an image: skipped in a folder")
+    np.save(tmp_path / "three.npy", pixels[2:5])
+    np.savez(
+        tmp_path / "attack.npz",
+        x_adv=pixels[5:7].astype(np.float32) / 255,
+        labels=np.array([1, 2]),
+        meta=np.array("{}"),
+    )
+    np.save(tmp_path / "one.npy", pixels[7, 0].astype(np.float32) / 255)
+    return {
+        "folder": folder,
+        "npy": tmp_path / "three.npy",
+        "npz": tmp_path / "attack.npz",
+        "one": tmp_path / "one.npy",
+    }
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: Any) -> tuple[int, str, str]:
+    code = main(["predict", *map(str, argv), "--no-progress"])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _expected(gate: Gate, pixels: np.ndarray, seed: int = 0) -> list[dict[str, Any]]:
+    answers = gate.predict(pixels, seed=seed)
+    rows = [json.loads(json.dumps(instance_dict(p))) for p in answers]
+    for row in rows:
+        del row["samples"]
+    return rows
+
+
+def test_every_kind_of_input_is_answered_in_order(
+    capsys: pytest.CaptureFixture[str],
+    gate: Gate,
+    tiny_model_dir: Path,
+    files: dict[str, Path],
+    mnist_test: tuple[torch.Tensor, torch.Tensor],
+) -> None:
+    inputs = [files["folder"], files["npy"], files["npz"], files["one"]]
+    code, out, err = _run(capsys, tiny_model_dir, *inputs)
+    assert code == 0
+    lines = [json.loads(line) for line in out.splitlines()]
+    where = [(Path(r["file"]).name, r["index"]) for r in lines]
+    assert where == [
+        ("digit0.png", None),
+        ("digit1.png", None),
+        ("three.npy", 0),
+        ("three.npy", 1),
+        ("three.npy", 2),
+        ("attack.npz", 0),
+        ("attack.npz", 1),
+        ("one.npy", None),
+    ]
+    # one engine call over all eight (one chunk, seed 0): Gate's answers for the same pixels
+    pixels = (mnist_test[0][:8].numpy() * 255).round().astype(np.uint8)
+    answers = [{k: v for k, v in r.items() if k not in ("file", "index")} for r in lines]
+    assert answers == _expected(gate, pixels)
+    flagged = sum(r["adversarial"] for r in lines)
+    assert err.strip().splitlines()[-1] == (
+        f"predict: 8 images from 5 files, {flagged} flagged adversarial "
+        f"({100 * flagged / 8:.1f} %) by mutual_information > "
+        f"{gate.model.decision.threshold:.6g} at K = 10, seed 0; model tiny-mlp"
+    )
+
+
+def test_csv_holds_the_same_answers_as_json_lines(
+    capsys: pytest.CaptureFixture[str], tiny_model_dir: Path, files: dict[str, Path], tmp_path: Path
+) -> None:
+    _, out, _ = _run(capsys, tiny_model_dir, files["npy"], "--seed", 4, "--k", 3)
+    lines = [json.loads(line) for line in out.splitlines()]
+    target = tmp_path / "answers.csv"
+    target.write_text("an older file")
+    code, out, err = _run(
+        capsys, tiny_model_dir, files["npy"], "--seed", 4, "--k", 3, "--out", target
+    )
+    assert code == 0 and out == ""
+    assert f"predict: replacing the existing answers.csv in {tmp_path}" in err
+    assert f"; answers in {target}" in err
+    with target.open(newline="") as stream:
+        rows = list(csv.DictReader(stream))
+    assert len(rows) == 3
+    for row, line in zip(rows, lines, strict=True):
+        assert row["index"] == str(line["index"]) and row["file"] == line["file"]
+        assert row["adversarial"] == str(line["adversarial"])
+        assert float(row["score"]) == line["score"]
+        for name, value in line["scores"].items():
+            assert float(row[f"score:{name}"]) == value
+        assert [float(row[f"p:{c}"]) for c in range(10)] == line["probabilities"]
+    assert list(rows[0])[: len(predict_cli.CSV_FIRST)] == list(predict_cli.CSV_FIRST)
+
+
+def test_the_seed_and_k_change_the_answers_as_asked(
+    capsys: pytest.CaptureFixture[str], tiny_model_dir: Path, files: dict[str, Path]
+) -> None:
+    runs = {
+        args: _run(capsys, tiny_model_dir, files["npy"], *args)[1]
+        for args in [(), ("--seed", "0"), ("--seed", "1"), ("--k", "4")]
+    }
+    assert runs[()] == runs[("--seed", "0")]  # seed 0 is the default: the same file twice
+    assert runs[("--seed", "1")] != runs[()] and runs[("--k", "4")] != runs[()]
+
+
+def test_an_interrupted_run_leaves_no_output_file(
+    capsys: pytest.CaptureFixture[str],
+    tiny_model_dir: Path,
+    files: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = 0
+    answer = Gate._answer
+
+    def stop_at_second_chunk(self: Gate, *args: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise KeyboardInterrupt
+        return answer(self, *args)
+
+    monkeypatch.setattr(Gate, "_answer", stop_at_second_chunk)
+    target = tmp_path / "out" / "answers.jsonl"
+    code, _, err = _run(capsys, tiny_model_dir, files["npy"], "--batch-size", 2, "--out", target)
+    assert code == 130 and calls == 2
+    assert "interrupted; nothing was written to --out" in err
+    assert list(target.parent.iterdir()) == []  # neither the file nor its temporary
+
+
+@pytest.mark.parametrize(
+    ("make", "extra", "message"),
+    [
+        (lambda d: d / "missing.png", (), "missing.png: no such file or folder"),
+        (lambda d: _write(d / "a.jpg", b"x"), (), "a.jpg: unknown kind of file (expected .png"),
+        (lambda d: _mkdir(d / "empty"), (), "empty: no .png, .npy, .npz files in this folder"),
+        (
+            lambda d: _write(d / "cut.png", _png_bytes()[:-20]),
+            (),
+            "cut.png: truncated PNG: chunk IDAT",
+        ),
+        (
+            lambda d: _save_png(d / "big.png", np.zeros((30, 28), np.uint8)),
+            (),
+            "big.png: expected a 28×28 image, got 30×28",
+        ),
+        (
+            lambda d: _npy(d / "wide.npy", np.zeros((2, 28, 29), np.float32)),
+            (),
+            "wide.npy: expected shape N×1×28×28 or N×28×28 or N×784, got 2×28×29",
+        ),
+        (
+            lambda d: _npy(d / "range.npy", np.full((2, 784), 255.0)),
+            (),
+            "range.npy[0]: values must lie in [0, 1], found 255.0 at index [0]",
+        ),
+        (
+            lambda d: _write(d / "obj.npy", _pickled_npy()),
+            (),
+            "obj.npy: not a readable .npy array (Object arrays cannot be loaded when "
+            "allow_pickle=False)",
+        ),
+        (
+            lambda d: _npz(d / "two.npz", a=np.zeros(784), b=np.zeros(784)),
+            (),
+            "two.npz: which array? it has a, b (choose one with --key)",
+        ),
+        (
+            lambda d: _npz(d / "two.npz", a=np.zeros(784), b=np.zeros(784)),
+            ("--key", "c"),
+            "two.npz: no array 'c' (--key); it has a, b",
+        ),
+        (lambda d: _write(d / "bad.npz", b"PK not a zip"), (), "bad.npz: not a readable .npz"),
+        (lambda d: _npy(d / "ok.npy", np.zeros(784)), ("--seed", "-1"), "--seed must be ≥ 0"),
+        (lambda d: _npy(d / "ok.npy", np.zeros(784)), ("--k", "0"), "--k must be ≥ 1, got 0"),
+        (
+            lambda d: _npy(d / "ok.npy", np.zeros(784)),
+            ("--out", "{d}"),
+            "--out {d}: is a folder, not a file",
+        ),
+    ],
+)
+def test_bad_inputs_are_one_line_naming_the_file(
+    capsys: pytest.CaptureFixture[str],
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    make: Any,
+    extra: tuple[str, ...],
+    message: str,
+) -> None:
+    path = make(tmp_path)
+    extra = tuple(a.format(d=tmp_path) for a in extra)
+    code, out, err = _run(capsys, tiny_model_dir, path, *extra)
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bayesgate: error: ")
+    assert message.format(d=tmp_path) in lines[0]
+
+
+def test_a_missing_model_names_the_bundled_ones(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = _npy(tmp_path / "ok.npy", np.zeros(784))
+    code, _, err = _run(capsys, tmp_path / "no-model", path)
+    assert code == 2
+    assert "model directory not found" in err and "bayesgate-robust" in err
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir()
+    return path
+
+
+def _npy(path: Path, array: np.ndarray) -> Path:
+    np.save(path, array)
+    return path
+
+
+def _npz(path: Path, **arrays: np.ndarray) -> Path:
+    np.savez(path, **arrays)
+    return path
+
+
+def _save_png(path: Path, pixels: np.ndarray) -> Path:
+    Image.fromarray(pixels).save(path)
+    return path
+
+
+def _png_bytes() -> bytes:
+    import io
+
+    stream = io.BytesIO()
+    Image.fromarray(np.zeros((28, 28), np.uint8)).save(stream, format="PNG")
+    return stream.getvalue()
+
+
+def _pickled_npy() -> bytes:
+    """An object-array .npy (a pickle inside); loading it must be refused, never unpickled."""
+    import io
+
+    stream = io.BytesIO()
+    np.save(stream, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    return stream.getvalue()
