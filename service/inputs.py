@@ -352,15 +352,34 @@ def _check_image_data(stream: bytes, expected: int, field: str) -> None:
         )
 
 
+# what a file that is not a PNG most likely is, by its first bytes (for the message only)
+_OTHER_SIGNATURES = (
+    (b"\xff\xd8\xff", "JPEG"),
+    (b"GIF8", "GIF"),
+    (b"BM", "BMP"),
+    (b"II*\x00", "TIFF"),
+    (b"MM\x00*", "TIFF"),
+    (b"\x00\x00\x01\x00", "ICO"),
+)
+
+
+def _kind_of_file(data: bytes) -> str:
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "WEBP"
+    return next((name for magic, name in _OTHER_SIGNATURES if data.startswith(magic)), "unknown")
+
+
 def _open_png(data: bytes, field: str, height: int, width: int) -> Image.Image:
     """Open and fully decode ``data`` as mode ``L``; :class:`InvalidInput` unless a grayscale PNG
-    of this size."""
+    of this size. Only Pillow's PNG decoder ever sees the bytes: a file without the PNG
+    signature is refused before Pillow (its other decoders — BMP, TIFF, ICO, … — are never
+    reached from a request)."""
+    if not data.startswith(_PNG_SIGNATURE):
+        raise InvalidInput(f"{field}: expected a PNG file, got {_kind_of_file(data)}")
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
-        image = Image.open(io.BytesIO(data))
-        image_format, mode, size = image.format, image.mode, image.size
-        if image_format != "PNG":
-            raise InvalidInput(f"{field}: expected a PNG file, got {image_format or 'unknown'}")
+        image = Image.open(io.BytesIO(data), formats=["PNG"])
+        mode, size = image.mode, image.size
         if size != (width, height):
             raise InvalidInput(
                 f"{field}: expected a {height}×{width} image, got {size[1]}×{size[0]}"

@@ -59,10 +59,18 @@ async def test_png_bomb_as_upload_is_422(client: Any, bomb: bytes) -> None:
     assert_422(r, "file", "28×28", "20000×20000")
 
 
-async def test_pillow_bomb_check_is_422_naming_the_limit(client: Any) -> None:
+async def test_a_file_that_is_not_a_png_never_reaches_a_decoder(
+    client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A BMP whose header claims 20000×20000 (Pillow's BMP decoder would have to refuse it by its
+    bomb limit) is refused by its first bytes: Pillow is never called."""
+    opened: list[Any] = []
+    real_open = Image.open
+    monkeypatch.setattr(Image, "open", lambda *a, **kw: opened.append(a) or real_open(*a, **kw))
     data = base64.b64encode(bmp_bomb()).decode()
     r = await client.post("/v1/predict", json={"images": [data]})
-    assert_422(r, "images[0]", f"size limit of {Image.MAX_IMAGE_PIXELS} pixels")
+    assert_422(r, "images[0]", "expected a PNG file, got BMP")
+    assert opened == []
 
 
 async def test_any_decoder_failure_is_422(client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
