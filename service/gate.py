@@ -2,7 +2,7 @@
 
 ::
 
-    from bayesgate.service.gate import Gate
+    from bayesgate import Gate
 
     gate = Gate.load("bayesgate-robust")    # a model directory, or a bundled model's name
     answers = gate.predict(images, seed=0)  # N×28×28, N×784 or N×1×28×28, in [0, 1] (uint8: /255)

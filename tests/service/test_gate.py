@@ -7,6 +7,8 @@ for bit, chunk by chunk. Then the accepted array forms (each the same answers as
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ import orjson
 import pytest
 import torch
 
+import bayesgate
 from bayesgate.errors import InvalidArgument
 from bayesgate.service.errors import InvalidInput
 from bayesgate.service.gate import Gate
@@ -149,3 +152,15 @@ def test_bad_arguments_are_refused_before_any_work(
     with pytest.raises(InvalidArgument) as caught:
         tiny.chunks(np.zeros((1, 784)), **kwargs)
     assert str(caught.value) == message
+
+
+def test_gate_is_importable_from_the_top_package_without_paying_for_it() -> None:
+    code = (
+        "import sys, bayesgate; assert 'torch' not in sys.modules; "
+        "from bayesgate import Gate; from bayesgate.service.gate import Gate as G; "
+        "assert Gate is G; print('ok')"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "ok", done.stderr
+    with pytest.raises(AttributeError, match="has no attribute 'Gates'"):
+        bayesgate.Gates  # noqa: B018
