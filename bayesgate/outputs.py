@@ -9,9 +9,12 @@ meant to keep can still be saved (Ctrl-C).
 
 from __future__ import annotations
 
+import os
 import sys
-from collections.abc import Iterable
+import tempfile
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import IO
 
 
 def note_replacing(command: str, paths: Iterable[Path]) -> list[Path]:
@@ -22,3 +25,34 @@ def note_replacing(command: str, paths: Iterable[Path]) -> list[Path]:
         names = ", ".join(p.name for p in found)
         print(f"{command}: replacing the existing {names} in {found[0].parent}", file=sys.stderr)
     return found
+
+
+def write_atomically(path: Path, write: Callable[[IO[str]], None]) -> None:
+    """``write(stream)`` into a temporary file beside ``path``, renamed to ``path`` once it
+    returns: a reader never sees a half-written file, and a failure or Ctrl-C leaves ``path`` as
+    it was and no temporary behind. The file gets the usual permissions (``0o666`` less the
+    umask), not ``mkstemp``'s ``0o600``."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", newline="", encoding="utf-8") as stream:
+            write(stream)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _umask() -> int:
+    """The process's umask: read from ``/proc`` where Linux shows it (setting it to read it back
+    would change it for every thread for a moment), else by that set-and-restore."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

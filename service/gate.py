@@ -11,16 +11,21 @@
 A :class:`Gate` loads a model exactly as ``bayesgate serve`` does (:func:`load_served_model`:
 weights checked against the card's sha256, ``calibration.json`` and the fused detector checked
 against the weights) and answers through the same path as the service's worker: the engine with
-the detector's features (:func:`~bayesgate.service.engine.mc_engine`), then every measure and
-score (:func:`~bayesgate.service.prediction.predictions`). Each answer is a
+the detector's features, then every measure and score
+(:func:`~bayesgate.service.prediction.answer`). Each answer is a
 :class:`~bayesgate.service.prediction.Prediction`, the object ``/v1/predict`` encodes;
 :func:`~bayesgate.service.schemas.instance_dict` gives its ``/v1`` JSON fields.
 
 Images are cut into chunks of ``batch_size``; each chunk is one engine call. With a ``seed`` each
-chunk's masks come from a generator seeded with it, as the service seeds a request's: the answers
+chunk's masks come from a generator seeded with it, as the service seeds one request: the answers
 of a chunk equal those ``POST /v1/predict`` gives for a request holding the same images with the
-same ``seed`` and ``mc_samples`` (``tests/service/test_gate.py`` checks this). Without one the
-masks come from torch's global generator, as an unseeded request's do.
+same ``seed`` and ``mc_samples`` (``tests/service/test_gate.py`` checks this). An image's masks
+depend on its place in its chunk, so the same images in another order or chunking get other
+(equally valid) draws. Without a seed the masks come from torch's global generator, as an
+unseeded request's do.
+
+Every problem — a model that cannot be served, a bad image, a bad argument — raises
+:class:`~bayesgate.errors.InvalidArgument` (a ``ValueError``) whose message names it.
 """
 
 from __future__ import annotations
@@ -35,14 +40,13 @@ import torch
 
 from bayesgate.errors import InvalidArgument
 from bayesgate.models.store.bundled import DEFAULT_ALIAS, model_dir_not_found, resolve_model_dir
-from bayesgate.service.engine import mc_engine
 from bayesgate.service.errors import InvalidInput, StartupError
-from bayesgate.service.inputs import accepted_shapes, check_values, kind_text
-from bayesgate.service.prediction import Prediction, predictions
+from bayesgate.service.inputs import accepted_shapes, check_values, kind_text, reject_booleans
+from bayesgate.service.prediction import Prediction, answer
 from bayesgate.service.schemas import MAX_SEED
 from bayesgate.service.served_model import ServedModel, load_served_model
 
-DEFAULT_BATCH_SIZE = 256
+DEFAULT_BATCH_SIZE = 256  # the service's default BAYESGATE_MAX_INSTANCES: a chunk is a request
 
 
 @dataclass(frozen=True)
@@ -55,51 +59,76 @@ class Gate:
     def load(cls, model: str | Path = DEFAULT_ALIAS, device: str = "auto") -> Gate:
         """The model directory ``model``, or the bundled model of that name (``bayesgate-robust``,
         ``bayesgate-cnn``, ``bayesgate-default``); ``device`` ``auto`` takes CUDA when there is
-        one. Raises :class:`~bayesgate.service.errors.StartupError` naming the file and problem."""
+        one."""
         directory = resolve_model_dir(Path(model))
         if not directory.is_dir():
-            raise StartupError(model_dir_not_found(directory, "model"))
-        return cls(load_served_model(directory, device))
+            raise InvalidArgument(model_dir_not_found(directory, "model"))
+        try:
+            return cls(load_served_model(directory, device))
+        except StartupError as exc:
+            raise InvalidArgument(str(exc)) from None
 
     @property
     def default_k(self) -> int:
         """The K the flag's threshold was set at: the service's default ``mc_samples``."""
         return self.model.basis.k
 
-    def images(self, images: Any, field: str = "images") -> torch.Tensor:
-        """``images`` as a float32 ``N×(card input shape)`` tensor; raises :class:`InvalidInput`
-        naming ``field`` and the problem.
+    def single_image(self, shape: tuple[int, ...]) -> bool:
+        """Whether an array of ``shape`` is one image (else N images, first axis)."""
+        return tuple(shape) in accepted_shapes(self.model.input_shape)
+
+    def to_batch(self, images: Any, field: str = "images") -> torch.Tensor:
+        """``images`` as a float32 ``N×(card input shape)`` tensor, checked as the service checks
+        ``/v1`` ``instances``; the message of the :class:`InvalidArgument` names ``field``.
 
         Accepted: an array (numpy, torch or nested lists) of one image or of N images, each in
         one of the shapes the service takes (``1×28×28``, ``28×28`` or ``784``). ``uint8`` values
         are pixels, read as ``v / 255`` (as a PNG's are); any other numbers must be finite and in
-        the card's range ([0, 1]), as ``/v1`` ``instances`` must. Booleans are refused."""
+        the card's range ([0, 1]). Booleans are refused, in an array or among numbers in lists.
+        A float32 array already in shape is checked in place, without a copy."""
+        try:
+            return self._to_batch(images, field)
+        except InvalidInput as exc:
+            raise InvalidArgument(str(exc)) from None
+
+    def _to_batch(self, images: Any, field: str) -> torch.Tensor:
         shape = tuple(self.model.input_shape)
         if isinstance(images, torch.Tensor):
-            images = images.detach().cpu().numpy()
+            images = images.detach().cpu()
+            if images.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2):
+                images = images.float()  # dtypes numpy has not
+            images = images.numpy()
+        elif isinstance(images, list | tuple):
+            reject_booleans(field, images)  # numpy reads [True, 0.5] as [1.0, 0.5]
         try:
             arr = np.asarray(images)
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, RecursionError) as exc:
             raise InvalidInput(f"{field}: not an array of numbers ({exc})") from None
         if arr.dtype.kind not in "iuf":
             raise InvalidInput(f"{field}: expected numbers, got {kind_text(arr)}")
-        shapes = accepted_shapes(shape)
-        if arr.shape in shapes:
+        if self.single_image(arr.shape):
             arr = arr[None]
-        elif arr.shape[1:] not in shapes:
-            accepted = " or ".join("N×" + "×".join(map(str, s)) for s in shapes)
+        elif arr.ndim == 0 or not self.single_image(arr.shape[1:]):
+            accepted = " or ".join("N×" + "×".join(map(str, s)) for s in accepted_shapes(shape))
             got = "×".join(map(str, arr.shape)) or "a scalar"
             raise InvalidInput(f"{field}: expected shape {accepted}, got {got}")
         if arr.shape[0] == 0:
             raise InvalidInput(f"{field}: no images (the first axis is 0 long)")
+        arr = arr.reshape(len(arr), *shape)  # a message's index is into the card's shape
         if arr.dtype == np.uint8:
             batch = arr.astype(np.float32) / np.float32(255.0)
         else:
-            batch = arr.astype(np.float64)
-            check_values(field, batch, self.model.input_range)
-        return torch.from_numpy(
-            np.ascontiguousarray(batch.reshape(len(batch), *shape), dtype=np.float32)
-        )
+            # float32 is compared as it is (0 and 1 are exact in it); anything else in float64,
+            # as the service checks JSON numbers, so 1.00000000001 is refused, not rounded to 1
+            batch = arr if arr.dtype == np.float32 else arr.astype(np.float64)
+            try:
+                check_values(field, batch, self.model.input_range)
+            except InvalidInput as exc:
+                hint = arr.dtype.kind in "iu" and arr.min() >= 0 and arr.max() <= 255
+                raise InvalidInput(
+                    f"{exc} (pixels 0–255: give them as uint8)" if hint else str(exc)
+                ) from None
+        return torch.from_numpy(np.ascontiguousarray(batch, dtype=np.float32))
 
     def predict(
         self,
@@ -108,7 +137,7 @@ class Gate:
         seed: int | None = None,
         batch_size: int = DEFAULT_BATCH_SIZE,
     ) -> list[Prediction]:
-        """One :class:`Prediction` per image of ``images`` (see :meth:`images`), from ``k`` MC
+        """One :class:`Prediction` per image of ``images`` (see :meth:`to_batch`), from ``k`` MC
         passes (default :attr:`default_k`); ``seed`` seeds each chunk of ``batch_size`` images
         as the service seeds one request."""
         return [p for chunk in self.chunks(images, k, seed, batch_size) for p in chunk]
@@ -121,27 +150,20 @@ class Gate:
         batch_size: int = DEFAULT_BATCH_SIZE,
     ) -> Iterator[list[Prediction]]:
         """:meth:`predict`'s answers a chunk of ``batch_size`` images at a time, each as soon as
-        it is computed (every argument is checked before the first)."""
+        it is computed (every argument and image is checked before the first)."""
         k = self.default_k if k is None else k
         _check_int("k", k, 1)
         _check_int("batch_size", batch_size, 1)
         if seed is not None:
             _check_int("seed", seed, 0, MAX_SEED)
-        x = self.images(images)
+        x = self.to_batch(images)
         return (self._answer(x[i : i + batch_size], k, seed) for i in range(0, len(x), batch_size))
 
     def _answer(self, x: torch.Tensor, k: int, seed: int | None) -> list[Prediction]:
-        """One engine call, as the worker makes it (``_compute_and_answer``, ``_answer``)."""
-        model = self.model
-        generator = None
-        if seed is not None:
-            generator = torch.Generator(device=model.device).manual_seed(seed)
-        x = x.to(model.device)
-        with torch.inference_mode():
-            if model.detector is None:
-                return predictions(mc_engine(model.network, x, k, generator), model)
-            out = mc_engine(model.network, x, k, generator, features=model.detector.layers)
-            return predictions(out.probs, model, out.features)
+        """One engine call, as the worker makes it for one request."""
+        device = self.model.device
+        generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
+        return answer(self.model, x.to(device), k, generator)
 
 
 def _check_int(name: str, value: Any, minimum: int, maximum: int | None = None) -> None:

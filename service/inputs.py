@@ -202,9 +202,9 @@ def decode_png(data: bytes, field: str, shape: Sequence[int]) -> np.ndarray:
     bomb (say a 20000×20000 PNG of zeros, 389 kB) is refused without decoding. The whole file is
     then checked chunk by chunk (:func:`check_png_chunks`: IHDR first, CRCs, an IEND chunk, image
     data that inflates to exactly the bytes the image needs), so a truncated file or a 28×28
-    image whose data inflates to megabytes is refused before Pillow decodes it. Any
-    failure of the decoder itself (Pillow's own bomb limit for other formats, corrupt data) is
-    an :class:`InvalidInput` (422) too, never a 500.
+    image whose data inflates to megabytes is refused before Pillow decodes it, and only
+    Pillow's PNG decoder is ever used (:func:`_open_png`). Any failure of the decoder itself
+    (Pillow's own pixel limit, corrupt data) is an :class:`InvalidInput` (422) too, never a 500.
     """
     height, width = int(shape[-2]), int(shape[-1])
     if math.prod(shape) != height * width:

@@ -15,7 +15,6 @@ import argparse
 import csv
 import os
 import sys
-import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -23,7 +22,7 @@ from typing import IO, Any
 from bayesgate.errors import InvalidArgument, check_at_least, writable_file
 from bayesgate.models.device import DEVICE_CHOICES, add_threads_flag, set_threads
 from bayesgate.models.store.bundled import READ_MODEL_HELP, model_to_read
-from bayesgate.outputs import note_replacing
+from bayesgate.outputs import note_replacing, write_atomically
 
 FORMATS = ("jsonl", "csv")
 CSV_FIRST = (
@@ -71,15 +70,25 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=0,
         help="seed of the dropout masks, per chunk of --batch-size images as the service seeds "
-        "one request (the same inputs, seed and K give the same answers)",
+        "one request (the same command line gives the same answers)",
     )
-    p.add_argument("--batch-size", type=int, default=256, help="images per engine call")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=256,  # gate.DEFAULT_BATCH_SIZE (not imported here: it imports torch)
+        help="images per engine call: each chunk is answered as one seeded /v1 request",
+    )
     p.add_argument(
         "--key",
         default=None,
         help="the array of each .npz to score (default: x_adv or the only one)",
     )
-    p.add_argument("--out", type=Path, default=None, help="write here instead of stdout")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="write here (whole, once complete) instead of stdout (-: stdout)",
+    )
     p.add_argument(
         "--format",
         choices=FORMATS,
@@ -89,13 +98,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="auto", help=f"one of {', '.join(DEVICE_CHOICES)}")
     add_threads_flag(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_predict, on_interrupt="nothing was written to --out")
+    p.set_defaults(
+        func=cmd_predict,
+        on_interrupt="an --out file is written only once complete, so none was; on stdout the "
+        "lines printed are whole answers",
+    )
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from bayesgate.service.errors import StartupError
     from bayesgate.service.gate import Gate
-    from bayesgate.service.input_files import read_inputs
+    from bayesgate.service.input_files import display, read_inputs
     from bayesgate.service.schemas import MAX_SEED
 
     for flag in ("k", "batch_size"):
@@ -103,15 +115,19 @@ def cmd_predict(args: argparse.Namespace) -> int:
     check_at_least("--seed", args.seed, minimum=0)
     if args.seed > MAX_SEED:
         raise InvalidArgument(f"--seed must be ≤ {MAX_SEED}, got {args.seed}")
-    fmt = args.format or ("csv" if args.out and args.out.suffix.lower() == ".csv" else "jsonl")
-    if args.out is not None:
-        writable_file(args.out, "--out")
+    out = None if args.out is None or str(args.out) == "-" else args.out
+    fmt = args.format or ("csv" if out is not None and out.suffix.lower() == ".csv" else "jsonl")
+    if out is not None:
+        writable_file(out, "--out")
+    elif sys.stdout is None:
+        raise InvalidArgument("stdout is closed: give --out FILE")
     set_threads(args.threads)
-    try:
-        gate = Gate.load(args.model, args.device)
-    except StartupError as exc:
-        raise InvalidArgument(str(exc)) from None
+    gate = Gate.load(args.model, args.device)
     batch = read_inputs(args.inputs, gate, args.key)
+    if args.key is not None and not any(_is_archive(p) for p in batch.paths):
+        raise InvalidArgument(f"--key {args.key}: applies to .npz inputs, and none was given")
+    if out is not None and (clash := _same_file(out, batch.paths)) is not None:
+        raise InvalidArgument(f"--out {display(out)}: is the input {display(clash)}")
     k = gate.default_k if args.k is None else args.k
     chunks = gate.chunks(batch.images, k, args.seed, args.batch_size)
     answers = _with_progress(chunks, len(batch.sources), not args.no_progress)
@@ -126,7 +142,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
                 source = next(sources)
                 yield {"file": source.file, "index": source.index, **_fields(prediction)}
 
-    if args.out is None:
+    if out is None:
         try:
             _write(rows(), fmt, sys.stdout)
             sys.stdout.flush()
@@ -134,18 +150,30 @@ def cmd_predict(args: argparse.Namespace) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 0
     else:
-        note_replacing("predict", [args.out])
-        _write_atomically(rows(), fmt, args.out)
+        note_replacing("predict", [out])
+        write_atomically(out, lambda stream: _write(rows(), fmt, stream))
     decision = gate.model.decision
     n = len(batch.sources)
     print(
         f"predict: {n} image{'s' * (n != 1)} from {batch.files} file{'s' * (batch.files != 1)}, "
         f"{flagged} flagged adversarial ({100 * flagged / n:.1f} %) by {decision.score} > "
         f"{decision.threshold:.6g} at K = {k}, seed {args.seed}; model {gate.model.name}"
-        + (f"; answers in {args.out}" if args.out is not None else ""),
+        + (f"; answers in {display(out)}" if out is not None else ""),
         file=sys.stderr,
     )
     return 0
+
+
+def _is_archive(path: Path) -> bool:
+    with path.open("rb") as stream:
+        return stream.read(4) == b"PK\x03\x04"
+
+
+def _same_file(out: Path, inputs: list[Path]) -> Path | None:
+    """The input that ``out`` names (the same file, by any path), if any."""
+    if not out.exists():
+        return None
+    return next((p for p in inputs if os.path.samefile(out, p)), None)
 
 
 def _fields(prediction: Any) -> dict[str, Any]:
@@ -190,15 +218,3 @@ def _csv_row(row: dict[str, Any]) -> dict[str, Any]:
     flat.update({f"score:{name}": value for name, value in row["scores"].items()})
     flat.update({f"p:{c}": value for c, value in enumerate(row["probabilities"])})
     return flat
-
-
-def _write_atomically(rows: Iterable[dict[str, Any]], fmt: str, out: Path) -> None:
-    """:func:`_write` into a temporary file beside ``out``, renamed to ``out`` once complete."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    try:
-        with os.fdopen(fd, "w", newline="", encoding="utf-8") as stream:
-            _write(rows, fmt, stream)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -74,6 +74,21 @@ def predictions(
     return rows_of(answer_columns(probs, model, features), model)
 
 
+def answer(
+    model: ServedModel, x: torch.Tensor, k: int, generator: torch.Generator | None
+) -> list[Prediction]:
+    """The :class:`Prediction` s of the batch ``x`` (on ``model.device``) from one engine call of
+    ``k`` passes — with the detector's features when the model has one — as the worker computes
+    a request (its engine is replaceable, so it makes the same call itself: ``engine_call``)."""
+    from bayesgate.service.engine import mc_engine
+
+    with torch.inference_mode():
+        if model.detector is None:
+            return predictions(mc_engine(model.network, x, k, generator), model)
+        out = mc_engine(model.network, x, k, generator, features=model.detector.layers)
+        return predictions(out.probs, model, out.features)
+
+
 def rows_of(columns: AnswerColumns, model: ServedModel) -> list[Prediction]:
     """The :class:`Prediction` of each row of ``columns`` (:func:`predictions`' per-image step)."""
     classes, ref, decision = model.card.classes, model.ref, model.decision

@@ -323,18 +323,9 @@ def answer_blank(
     """``images`` blank images through the path every request takes — the engine with the
     detector's features, every uncertainty measure and detector score (:func:`predictions`) —
     with ``k`` passes; raises what that path raises."""
-    from bayesgate.service.engine import mc_engine
-    from bayesgate.service.prediction import predictions
+    from bayesgate.service.prediction import answer
 
-    x = torch.zeros(images, *served.input_shape, device=served.device)
-    detector = served.detector
-    with torch.no_grad():
-        if detector is None:
-            probs, features = mc_engine(served.network, x, k, generator), None
-        else:
-            out = mc_engine(served.network, x, k, generator, features=detector.layers)
-            probs, features = out.probs, out.features
-        predictions(probs, served, features)
+    answer(served, torch.zeros(images, *served.input_shape, device=served.device), k, generator)
 
 
 def check_answers(served: ServedModel) -> None:

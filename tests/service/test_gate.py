@@ -20,7 +20,6 @@ import torch
 
 import bayesgate
 from bayesgate.errors import InvalidArgument
-from bayesgate.service.errors import InvalidInput
 from bayesgate.service.gate import Gate
 from bayesgate.service.schemas import instance_dict
 from bayesgate.service.settings import DEFAULT_MODEL_DIR, Settings
@@ -64,11 +63,18 @@ async def test_answers_equal_the_services_chunk_by_chunk(
     async with serving(make_settings(model_dir=model_dir)) as (_, client):
         whole = await _served(client, x, 7, 123)
         halves = await _served(client, x[:3], 7, 123) + await _served(client, x[3:], 7, 123)
+        last_alone = await _served(client, x[4:], 7, 123)
+        body = {"instances": x[:2].tolist(), "seed": 9}  # no mc_samples: the service's default K
+        default = (await client.post("/v1/predict", json=body)).json()
     assert [_v1(p) for p in gate.predict(x, k=7, seed=123, batch_size=5)] == whole
     # chunks of 3: each chunk is one seeded request, so the answers are the two requests'
     chunked = [_v1(p) for p in gate.predict(x, k=7, seed=123, batch_size=3)]
     assert chunked == halves
     assert chunked[3:] != whole[3:]  # the second chunk's masks are not the whole batch's
+    # a last chunk of one image (B = 1) is a one-image request
+    assert [_v1(p) for p in gate.predict(x, k=7, seed=123, batch_size=4)][4:] == last_alone
+    assert default["mc_samples"] == gate.default_k
+    assert [_v1(p) for p in gate.predict(x[:2], seed=9)] == default["predictions"]
     if which == "robust":  # the fused detector's scores and flag, as served
         assert whole[0]["score_name"] == "fused" and "neg_log_kde" in whole[0]["scores"]
 
@@ -108,9 +114,11 @@ def test_every_accepted_array_form_gives_the_same_answers(
         floats.reshape(3, 784).tolist(),
     ):
         assert [_v1(p) for p in tiny.predict(form, seed=2)] == reference
+    bf16 = floats.to(torch.bfloat16)  # a dtype numpy has not: read through float32
+    assert tiny.to_batch(bf16).equal(bf16.float())
     one = [_v1(p) for p in tiny.predict(floats[0, 0], seed=2)]  # one 28×28 image
     assert one == [_v1(p) for p in tiny.predict(floats[:1], seed=2)]
-    assert tiny.images(floats[0, 0]).shape == (1, 1, 28, 28)
+    assert tiny.to_batch(floats[0, 0]).shape == (1, 1, 28, 28)
 
 
 @pytest.mark.parametrize(
@@ -123,16 +131,40 @@ def test_every_accepted_array_form_gives_the_same_answers(
         (np.zeros((0, 784)), "images: no images (the first axis is 0 long)"),
         (np.zeros((2, 784), dtype=bool), "images: expected numbers, got booleans"),
         ([["a"] * 784], "images: expected numbers, got strings"),
-        (np.full((1, 784), 1.5), "images[0]: values must lie in [0, 1], found 1.5 at index [0]"),
-        (np.full((2, 784), np.nan), "images[0]: values must be finite, found nan at index [0]"),
+        (
+            np.full((1, 784), 1.5),
+            "images[0]: values must lie in [0, 1], found 1.5 at index [0, 0, 0] of 1×28×28",
+        ),
+        (
+            np.full((2, 784), np.nan),
+            "images[0]: values must be finite, found nan at index [0, 0, 0] of 1×28×28",
+        ),
         (np.full((1, 784), -1, dtype=np.int16), "images[0]: values must lie in [0, 1], found -1"),
         ([[0.0] * 784, [0.0] * 3], "images: not an array of numbers"),
+        ([[True] + [0.5] * 783], "images: expected numbers, got a boolean at index [0, 0]"),
+        (np.full((1, 784), 255, dtype=np.int64), "images[0]: values must lie in [0, 1], found 255"),
+        (np.float64(0.5), "images: expected shape N×1×28×28 or N×28×28 or N×784, got a scalar"),
     ],
 )
 def test_bad_images_are_refused_by_name(tiny: Gate, images: Any, message: str) -> None:
-    with pytest.raises(InvalidInput) as caught:
+    with pytest.raises(InvalidArgument) as caught:
         tiny.predict(images)
     assert str(caught.value).startswith(message)
+
+
+def test_an_integer_array_of_pixels_is_told_to_be_uint8(tiny: Gate) -> None:
+    with pytest.raises(InvalidArgument, match=r"\(pixels 0–255: give them as uint8\)$"):
+        tiny.to_batch(np.full((1, 784), 255, dtype=np.int64))
+    with pytest.raises(InvalidArgument, match=r"found -1.0 at index \[0, 0, 0\] of 1×28×28$"):
+        tiny.to_batch(np.full((1, 784), -1, dtype=np.int16))
+
+
+def test_a_model_that_cannot_be_served_is_one_value_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="model directory not found"):
+        Gate.load(tmp_path / "none")
+    (tmp_path / "broken").mkdir()
+    with pytest.raises(ValueError, match=r"card\.json"):
+        Gate.load(tmp_path / "broken")
 
 
 @pytest.mark.parametrize(

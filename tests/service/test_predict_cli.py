@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import stat
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +19,8 @@ from PIL import Image
 
 from bayesgate.cli import main
 from bayesgate.service import predict_cli
-from bayesgate.service.gate import Gate
+from bayesgate.service.gate import DEFAULT_BATCH_SIZE, Gate
+from bayesgate.service.input_files import MAX_IMAGES
 from bayesgate.service.schemas import instance_dict
 
 
@@ -156,7 +161,7 @@ def test_an_interrupted_run_leaves_no_output_file(
     target = tmp_path / "out" / "answers.jsonl"
     code, _, err = _run(capsys, tiny_model_dir, files["npy"], "--batch-size", 2, "--out", target)
     assert code == 130 and calls == 2
-    assert "interrupted; nothing was written to --out" in err
+    assert "interrupted; an --out file is written only once complete, so none was" in err
     assert list(target.parent.iterdir()) == []  # neither the file nor its temporary
 
 
@@ -184,13 +189,13 @@ def test_an_interrupted_run_leaves_no_output_file(
         (
             lambda d: _npy(d / "range.npy", np.full((2, 784), 255.0)),
             (),
-            "range.npy[0]: values must lie in [0, 1], found 255.0 at index [0]",
+            "range.npy[0]: values must lie in [0, 1], found 255.0 at index [0, 0, 0] of 1×28×28",
         ),
         (
             lambda d: _write(d / "obj.npy", _pickled_npy()),
             (),
-            "obj.npy: not a readable .npy array (Object arrays cannot be loaded when "
-            "allow_pickle=False)",
+            "obj.npy: an array of Python objects (a pickle inside); only numbers are read, "
+            "and pickles never",
         ),
         (
             lambda d: _npz(d / "two.npz", a=np.zeros(784), b=np.zeros(784)),
@@ -202,7 +207,59 @@ def test_an_interrupted_run_leaves_no_output_file(
             ("--key", "c"),
             "two.npz: no array 'c' (--key); it has a, b",
         ),
-        (lambda d: _write(d / "bad.npz", b"PK not a zip"), (), "bad.npz: not a readable .npz"),
+        (
+            lambda d: _write(d / "bad.npz", b"PK\x03\x04 not a zip"),
+            (),
+            "bad.npz: not a readable array file (",
+        ),
+        (
+            lambda d: _write(d / "text.npz", b"hello"),
+            (),
+            "text.npz: neither .npy nor .npz content (an array file starts with \\x93NUMPY or PK)",
+        ),
+        (lambda d: _write(d / "empty.npy", b""), (), "empty.npy: an empty file"),
+        (
+            lambda d: _write(d / "cut.npy", _npy_bytes(np.zeros((4, 784), np.float32))[:-100]),
+            (),
+            "cut.npy: not a readable array file (",
+        ),
+        (
+            lambda d: _write(d / "bomb.npy", _npy_header((2**40, 784))),
+            (),
+            f"bomb.npy: 1099511627776 more images would take the run past {MAX_IMAGES} images",
+        ),
+        (
+            lambda d: _npz(d / "bomb.npz", x_adv=np.zeros(1)),
+            (),
+            "bomb.npz: expected shape N×1×28×28 or N×28×28 or N×784, got 1",
+        ),
+        (
+            lambda d: _write(d / "deflate.npz", _corrupt_deflate_npz()),
+            (),
+            "deflate.npz: not a readable array file (",
+        ),
+        (
+            lambda d: _npy(d / "ints.npy", np.full((2, 784), 200, np.int64)),
+            (),
+            "ints.npy[0]: values must lie in [0, 1], found 200.0 at index [0, 0, 0] of 1×28×28 "
+            "(pixels 0–255: give them as uint8)",
+        ),
+        (lambda d: _fifo(d / "pipe.npy"), (), "pipe.npy: not a regular file or a folder"),
+        (
+            lambda d: _npy(d / "ok.npy", np.zeros(784)),
+            ("--key", "x"),
+            "--key x: applies to .npz inputs, and none was given",
+        ),
+        (
+            lambda d: _npy(d / "ok.npy", np.zeros(784)),
+            ("--out", "{d}/ok.npy"),
+            "--out {d}/ok.npy: is the input {d}/ok.npy",
+        ),
+        (
+            lambda d: _npy(d / "ok.npy", np.zeros(784)),
+            ("--out", "{d}/./ok.npy"),
+            "--out {d}/ok.npy: is the input {d}/ok.npy",
+        ),
         (lambda d: _npy(d / "ok.npy", np.zeros(784)), ("--seed", "-1"), "--seed must be ≥ 0"),
         (lambda d: _npy(d / "ok.npy", np.zeros(784)), ("--k", "0"), "--k must be ≥ 1, got 0"),
         (
@@ -227,6 +284,76 @@ def test_bad_inputs_are_one_line_naming_the_file(
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("bayesgate: error: ")
     assert message.format(d=tmp_path) in lines[0]
+
+
+def test_odd_but_valid_inputs_and_outputs(
+    capsys: pytest.CaptureFixture[str],
+    gate: Gate,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    mnist_test: tuple[torch.Tensor, torch.Tensor],
+) -> None:
+    """A .npy under a .npz name (told by its bytes), a file name that is not UTF-8, hidden files
+    in a folder (skipped), ``--out -`` (stdout), ``--format`` over the suffix, the file mode."""
+    pixels = (mnist_test[0][:3].numpy() * 255).round().astype(np.uint8)
+    folder = tmp_path / "in"
+    folder.mkdir()
+    np.save(folder / "a.npy", pixels[:2])
+    os.rename(folder / "a.npy", folder / "a.npz")
+    odd = os.fsdecode(bytes(folder) + b"/\xff.npy")
+    np.save(odd, pixels[2:3])
+    (folder / "._a.png").write_bytes(b"macOS resource fork, not an image")
+    code, out, err = _run(capsys, tiny_model_dir, folder, "--out", "-")
+    assert code == 0, err
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [(Path(r["file"]).name, r["index"]) for r in lines] == [
+        ("a.npz", 0),
+        ("a.npz", 1),
+        ("\\xff.npy", 0),
+    ]
+    target = tmp_path / "answers.csv"
+    old_mask = os.umask(0o022)
+    try:
+        code, _, _ = _run(capsys, tiny_model_dir, folder, "--out", target, "--format", "jsonl")
+    finally:
+        os.umask(old_mask)
+    assert code == 0 and json.loads(target.read_text().splitlines()[0])["file"].endswith("a.npz")
+    assert stat.S_IMODE(target.stat().st_mode) == 0o644
+    # several chunks: each is Gate's answer for that chunk
+    code, out, _ = _run(capsys, tiny_model_dir, folder, "--batch-size", 2)
+    lines = [json.loads(line) for line in out.splitlines()]
+    first, second = _expected(gate, pixels[:2]), _expected(gate, pixels[2:])
+    assert [{k: v for k, v in r.items() if k not in ("file", "index")} for r in lines] == (
+        first + second
+    )
+
+
+def test_the_cli_chunk_is_gates(tiny_model_dir: Path) -> None:
+    from bayesgate.cli import build_parser
+
+    args = build_parser().parse_args(["predict", str(tiny_model_dir), "x.png"])
+    assert args.batch_size == DEFAULT_BATCH_SIZE
+
+
+def test_an_input_named_as_out_is_left_alone(
+    capsys: pytest.CaptureFixture[str], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    path = _npy(tmp_path / "keep.npy", np.zeros((2, 784), np.float32))
+    before = path.read_bytes()
+    code, _, err = _run(capsys, tiny_model_dir, path, "--out", tmp_path / "keep.npy")
+    assert code == 2 and "is the input" in err
+    assert path.read_bytes() == before
+
+
+def test_a_closed_stdout_is_one_line(tiny_model_dir: Path, tmp_path: Path) -> None:
+    path = _npy(tmp_path / "ok.npy", np.zeros(784, np.float32))
+    argv = [sys.executable, "-m", "bayesgate.cli", "predict", str(tiny_model_dir), str(path)]
+    done = subprocess.run(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=120,
+        preexec_fn=lambda: os.close(1),
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == "bayesgate: error: stdout is closed: give --out FILE"
 
 
 def test_a_missing_model_names_the_bundled_ones(
@@ -269,6 +396,41 @@ def _png_bytes() -> bytes:
     stream = io.BytesIO()
     Image.fromarray(np.zeros((28, 28), np.uint8)).save(stream, format="PNG")
     return stream.getvalue()
+
+
+def _npy_bytes(array: np.ndarray) -> bytes:
+    import io
+
+    stream = io.BytesIO()
+    np.save(stream, array)
+    return stream.getvalue()
+
+
+def _npy_header(shape: tuple[int, ...]) -> bytes:
+    """A .npy header claiming ``shape`` float32, and no data."""
+    import io
+
+    stream = io.BytesIO()
+    header = {"descr": "<f4", "fortran_order": False, "shape": shape}
+    np.lib.format.write_array_header_1_0(stream, header)
+    return stream.getvalue()
+
+
+def _corrupt_deflate_npz() -> bytes:
+    """A compressed .npz whose deflate stream is damaged in the middle."""
+    import io
+
+    stream = io.BytesIO()
+    np.savez_compressed(stream, x_adv=np.random.default_rng(0).random((50, 784)))
+    data = bytearray(stream.getvalue())
+    middle = len(data) // 2
+    data[middle : middle + 64] = bytes(64)
+    return bytes(data)
+
+
+def _fifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
 
 
 def _pickled_npy() -> bytes:

@@ -73,6 +73,18 @@ async def test_a_file_that_is_not_a_png_never_reaches_a_decoder(
     assert opened == []
 
 
+async def test_pillows_own_pixel_limit_is_422_naming_it(
+    client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Behind the header check, Pillow's ``MAX_IMAGE_PIXELS`` still holds (here set below a
+    digit's 784 pixels, so that a 28×28 PNG trips it)."""
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 300)
+    buffer = io.BytesIO()
+    Image.new("L", (28, 28)).save(buffer, format="PNG")
+    r = await client.post("/v1/predict/file", files={"file": ("a.png", buffer.getvalue())})
+    assert_422(r, "file", "size limit of 300 pixels")
+
+
 async def test_any_decoder_failure_is_422(client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise MemoryError("decoder ran out of memory")
