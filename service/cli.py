@@ -137,13 +137,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
     from pydantic import ValidationError
 
-    from bayesgate.models.device import pick_device
     from bayesgate.models.store.bundled import model_dir_not_found
     from bayesgate.service.errors import StartupError
     from bayesgate.service.event_loop import LOOP_FACTORIES, uvloop_missing
     from bayesgate.service.http_server import http_protocol
     from bayesgate.service.logs import uvicorn_log_config
-    from bayesgate.service.served_model import load_served_model
     from bayesgate.service.settings import settings_from_env
 
     overrides = {
@@ -187,6 +185,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     settings.native_library,
                     "--native-port" if args.native_port is not None else ENV_PREFIX + "NATIVE_PORT",
                 )
+        # torch is imported only now: every check above answers without it (~4 s here)
+        from bayesgate.models.device import pick_device
+        from bayesgate.service.served_model import load_served_model
+
         pick_device(settings.device)
         load_served_model(settings.model_dir, "cpu")  # fail fast, before uvicorn starts
     except (StartupError, RuntimeError) as exc:

@@ -1,30 +1,37 @@
 """The model store: a directory with ``model.safetensors``, ``card.json`` and ``calibration.json``,
 sha256-verified, rebuilt from the card (no pickle). The card is typed (:mod:`.card`); reading and
-writing a model directory is :mod:`.directory`; the thresholds file is :mod:`.calibration`."""
+writing a model directory is :mod:`.directory`; the thresholds file is :mod:`.calibration`.
 
-from bayesgate.models.store.calibration import Calibration, read_calibration, write_calibration
-from bayesgate.models.store.card import InferenceSettings, InputSpec, ModelCard, TrainingRecord
-from bayesgate.models.store.directory import (
-    LoadedModel,
-    ModelStoreError,
-    load_model,
-    read_card,
-    save_model,
-    write_card,
-)
+The names below are imported on first use: importing a light submodule (``.bundled``, which the
+service's settings and ``bayesgate serve``'s checks read) does not import torch, so a setting
+that cannot work is refused in a fraction of a second instead of after torch has loaded."""
 
-__all__ = [
-    "Calibration",
-    "InferenceSettings",
-    "InputSpec",
-    "LoadedModel",
-    "ModelCard",
-    "ModelStoreError",
-    "TrainingRecord",
-    "load_model",
-    "read_calibration",
-    "read_card",
-    "save_model",
-    "write_calibration",
-    "write_card",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_SOURCES = {
+    "Calibration": "calibration",
+    "read_calibration": "calibration",
+    "write_calibration": "calibration",
+    "InferenceSettings": "card",
+    "InputSpec": "card",
+    "ModelCard": "card",
+    "TrainingRecord": "card",
+    "LoadedModel": "directory",
+    "ModelStoreError": "directory",
+    "load_model": "directory",
+    "read_card": "directory",
+    "save_model": "directory",
+    "write_card": "directory",
+}
+
+__all__ = sorted(_SOURCES)
+
+
+def __getattr__(name: str) -> Any:
+    source = _SOURCES.get(name)
+    if source is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{source}"), name)
