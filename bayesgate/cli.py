@@ -9,6 +9,14 @@ keeps its traceback.
 A command whose work needs an optional module (an extra of ``pyproject.toml``) declares it with
 ``set_defaults(needs=FUNCTION)`` (:mod:`bayesgate.extras`); a missing one is such a one-line
 error before the command starts. Every subcommand's ``--help`` shows each flag's default.
+
+``bayesgate COMMAND …`` imports only the module of COMMAND (:data:`COMMANDS`); the other
+commands are listed by name and help line alone, so ``bayesgate --help`` and a command whose
+module does not import torch (``serve``: its setting checks run before torch loads) answer in a
+fraction of a second instead of after torch's ~3 s import. :func:`build_parser` without a
+command builds every parser (the tests, and the docs' command check, read them all);
+``tests/test_cli_imports.py`` checks that :data:`COMMANDS` names each command, its module and
+its help line exactly as the modules register them.
 """
 
 from __future__ import annotations
@@ -35,6 +43,65 @@ COMMAND_MODULES = (
     "bayesgate.service.predict_cli",
     "bayesgate.models.uci.cli",
 )
+
+# Each command: the module that registers it and its help line (as that module registers it:
+# a test compares the two), so that a command's parser needs only its own module imported.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": (
+        "bayesgate.models.cli",
+        "train a dropout or Bayes-by-Backprop network on MNIST (BB-α or ELBO)",
+    ),
+    "evaluate": (
+        "bayesgate.models.cli",
+        "test-set accuracy, log-likelihood, NLL, Brier, ECE of a model",
+    ),
+    "fetch-data": (
+        "bayesgate.models.data.cli",
+        "download the four MNIST files into the data directory (checksummed)",
+    ),
+    "attack": ("bayesgate.attacks.cli", "craft adversarial MNIST images against a model (.npz)"),
+    "calibrate": (
+        "bayesgate.attacks.cli",
+        "set rejection thresholds on validation images, measure detection on attacks",
+    ),
+    "fit-detector": (
+        "bayesgate.attacks.cli",
+        "fit the feature-density + uncertainty detector (fused) and store it by the model",
+    ),
+    "sweep": ("bayesgate.attacks.cli", "reproduce the paper's Figures 6-7 and the detection table"),
+    "detect-eval": (
+        "bayesgate.attacks.cli",
+        "every detector score (and the fused one) vs seen/unseen attacks and OOD inputs",
+    ),
+    "adaptive-eval": (
+        "bayesgate.attacks.cli",
+        "adaptive white-box PGD against the fused detector (and plain PGD)",
+    ),
+    "evaluate-robust": (
+        "bayesgate.attacks.robust_cli",
+        "robust accuracy under PGD × restarts, APGD-CE and APGD-DLR (worst of) per ε",
+    ),
+    "serve": (
+        "bayesgate.service.cli",
+        "serve predictions with uncertainty and the adversarial flag over HTTP",
+    ),
+    "build-native": (
+        "bayesgate.service.cli",
+        "build the native front end's library (Rust, cargo) for serve --native-port",
+    ),
+    "predict": (
+        "bayesgate.service.predict_cli",
+        "score image files (PNG, .npy, .npz) offline: the service's answers and flag",
+    ),
+    "uci": (
+        "bayesgate.models.uci.cli",
+        "BB-α dropout regression on a UCI benchmark (Li & Gal 2017, Tables 1–2)",
+    ),
+    "uci-table": (
+        "bayesgate.models.uci.cli",
+        "markdown table of `bayesgate uci` results vs the paper",
+    ),
+}
 
 
 def shows_default(action: argparse.Action) -> bool:
@@ -92,7 +159,10 @@ def _version() -> str:
         return "unknown"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``bayesgate`` parser with every command's parser (``command`` None), or with only the
+    parsers of ``command``'s module (:data:`COMMANDS`), the other commands listed by name and
+    help line without importing their modules."""
     parser = OneLineErrorParser(  # its subcommands' parsers are of its class too
         prog="bayesgate",
         description="Train Bayesian dropout nets, calibrate adversarial-input thresholds, serve.",
@@ -102,7 +172,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    chosen = COMMANDS[command][0] if command in COMMANDS else None
     for name in COMMAND_MODULES:
+        if command is not None and name != chosen:
+            for listed, (module, help_line) in COMMANDS.items():
+                if module == name:
+                    sub.add_parser(listed, help=help_line)
+            continue
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
@@ -118,8 +194,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def command_in(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names: its first word that is not an option (``bayesgate``'s own
+    options take no value), when it is one of :data:`COMMANDS`."""
+    word = next((a for a in argv if not a.startswith("-")), None)
+    return word if word in COMMANDS else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(command_in(argv) or "")  # "": no command module imported
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # named by the subcommand's parser: "bayesgate train: error: …train --help"
         command = subcommand_parsers(parser).get(getattr(args, "command", None) or "", parser)
