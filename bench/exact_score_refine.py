@@ -42,6 +42,8 @@ ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "models" / "pretrained" / "bayesgate-robust"
 KAPPA, DELTA, WEIGHT = 1.0, 0.5, 1.0
 EVAL_SEED_OFFSET = 1_000_003  # adaptive-eval's verdict seed: settings.seed + this
+REFINE_P_INIT = 0.05  # a refinement's first squares: 5 % of the image
+SCRATCH_P_INIT = 0.3  # from scratch, Square's own default (attacks/methods/square.py)
 
 
 def adaptive_loss(log_p: torch.Tensor, y: torch.Tensor, score: torch.Tensor, threshold: float):
@@ -134,23 +136,35 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     network = loaded.network.eval()
     detector = load_detector(args.model, weights_sha256=loaded.card.weights_sha256)
     x, y = load_mnist("test", limit=args.limit)
-    cache = args.images or next(
-        iter(
-            sorted(
-                (default_cache_dir() / loaded.card.weights_sha256[:16]).glob(
-                    f"adaptive-eps{args.eps:g}-w1-*-n{args.limit}-*-apgd-r3-det{_detector_tag(detector)}.npz"
+    from_scratch = getattr(args, "from_scratch", False)
+    cache = (
+        None
+        if from_scratch
+        else args.images
+        or next(
+            iter(
+                sorted(
+                    (default_cache_dir() / loaded.card.weights_sha256[:16]).glob(
+                        f"adaptive-eps{args.eps:g}-w1-*-n{args.limit}-*-apgd-r3-det{_detector_tag(detector)}.npz"
+                    )
                 )
-            )
-        ),
-        None,
+            ),
+            None,
+        )
     )
-    if cache is None:
+    if cache is None and not from_scratch:
         raise SystemExit(
             f"no cached adaptive APGD images at ε = {args.eps:g} for this detector: run "
             "`bayesgate adaptive-eval … --eps E --weights 1 --steps 100 --optimizer apgd "
             "--restarts 3` first, or pass --images"
         )
-    x_adv = torch.from_numpy(np.load(cache)["x_adv"]).float()
+    if from_scratch:  # Square's own start: vertical stripes of ±ε, one sign per column
+        from bayesgate.attacks.methods.square import Square
+
+        stripes = Square(eps=args.eps, queries=args.queries)._stripes
+        x_adv = stripes(x, torch.Generator().manual_seed(args.seed))
+    else:
+        x_adv = torch.from_numpy(np.load(cache)["x_adv"]).float()
     eval_seed = args.seed + EVAL_SEED_OFFSET
     k = detector.k
     clean = judge(network, detector, x, y, k, eval_seed)
@@ -160,11 +174,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     seeds = [args.seed + 2_000_000 + i for i in range(args.draws)]
     rows = torch.arange(len(x))[torch.from_numpy(eligible)]
     _, m_start = ExactObjective(network, detector, y[rows], seeds)(x_adv[rows])
-    chosen = rows[m_start < KAPPA]
+    # from scratch every eligible digit is searched; a refinement only those near the boundary
+    chosen = rows if from_scratch else rows[m_start < KAPPA]
+    p_init = (
+        args.p_init
+        if getattr(args, "p_init", None) is not None
+        else (SCRATCH_P_INIT if from_scratch else REFINE_P_INIT)
+    )
     started = time.perf_counter()
     objective = ExactObjective(network, detector, y[chosen], seeds)
     best, _, accepted = refine(objective, x[chosen], x_adv[chosen], args.eps, args.queries,
-                               seed=args.seed, progress=not args.no_progress)  # fmt: skip
+                               p_init=p_init, seed=args.seed,
+                               progress=not args.no_progress)  # fmt: skip
     seconds = time.perf_counter() - started
     refined = x_adv.clone()
     refined[chosen] = best
@@ -175,7 +196,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "model": loaded.card.name,
         "eps": args.eps,
-        "start_images": Path(cache).name,
+        "start_images": "square stripes" if from_scratch else Path(cache).name,
+        "from_scratch": from_scratch,
+        "p_init": p_init,
         "queries": args.queries,
         "attacker_draws": args.draws,
         "k": k,
@@ -201,6 +224,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument(
         "--save", type=Path, default=None, help="write the refined images (.npz x_adv) here"
+    )
+    parser.add_argument(
+        "--from-scratch",
+        action="store_true",
+        help="a black-box attack: start every eligible digit from Square's stripes, not from "
+        "cached adaptive images (the check that a gradient-free attack does not beat the "
+        "gradient one)",
+    )
+    parser.add_argument(
+        "--p-init",
+        type=float,
+        default=None,
+        help="first squares' share (default 0.05; 0.3 from scratch)",
     )
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)

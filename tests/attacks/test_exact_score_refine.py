@@ -100,3 +100,30 @@ def test_a_whole_run_reproduces_the_start_and_refines(detector_dir: Path, tmp_pa
     assert result["after"]["through"] == int(
         (clean["correct"] & ~after["correct"] & ~after["flagged"]).sum()
     )
+
+
+def test_from_scratch_searches_every_eligible_digit_from_squares_stripes(
+    detector_dir: Path, tmp_path: Path
+) -> None:
+    """The black-box check: no cached images; the start is Square's stripes (seeded), the
+    'before' verdict is theirs, and every digit the clean verdict has right is searched."""
+    from bayesgate.attacks.adaptive_eval import judge
+    from bayesgate.attacks.methods.square import Square
+    from bayesgate.models.data.mnist import load_mnist
+
+    loaded = load_model(detector_dir)
+    detector = load_detector(detector_dir, weights_sha256=loaded.card.weights_sha256)
+    x, y = load_mnist("test", limit=30)
+    args = argparse.Namespace(model=detector_dir, eps=0.2, queries=3, draws=1, limit=30, seed=4,
+                              images=None, threads=1, json=None, save=tmp_path / "scratch.npz",
+                              no_progress=True, from_scratch=True, p_init=None)  # fmt: skip
+    result = refine_bench.run(args)
+    start = Square(eps=0.2, queries=3)._stripes(x, torch.Generator().manual_seed(4))
+    clean = judge(loaded.network.eval(), detector, x, y, detector.k, 1_000_007)
+    before = judge(loaded.network.eval(), detector, start, y, detector.k, 1_000_007)
+    assert result["from_scratch"] and result["p_init"] == 0.3
+    assert result["refined_digits"] == result["before"]["eligible"] == int(clean["correct"].sum())
+    assert result["before"]["misclassified"] == int((clean["correct"] & ~before["correct"]).sum())
+    saved = torch.from_numpy(np.load(tmp_path / "scratch.npz")["x_adv"])
+    assert float((saved - x).abs().max()) <= 0.2 + 1e-6
+    assert not saved.equal(start)  # the search moved some digit from its start
