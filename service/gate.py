@@ -106,7 +106,8 @@ class Gate:
             raise InvalidInput(f"{field}: not an array of numbers ({exc})") from None
         if arr.dtype.kind not in "iuf":
             raise InvalidInput(f"{field}: expected numbers, got {kind_text(arr)}")
-        if self.single_image(arr.shape):
+        single = self.single_image(arr.shape)
+        if single:
             arr = arr[None]
         elif arr.ndim == 0 or not self.single_image(arr.shape[1:]):
             accepted = " or ".join("N×" + "×".join(map(str, s)) for s in accepted_shapes(shape))
@@ -124,10 +125,12 @@ class Gate:
             try:
                 check_values(field, batch, self.model.input_range)
             except InvalidInput as exc:
-                hint = arr.dtype.kind in "iu" and arr.min() >= 0 and arr.max() <= 255
-                raise InvalidInput(
-                    f"{exc} (pixels 0–255: give them as uint8)" if hint else str(exc)
-                ) from None
+                text = str(exc)
+                if single:  # one image: no index to name (an answer's index is null too)
+                    text = text.replace(f"{field}[0]:", f"{field}:", 1)
+                if arr.dtype.kind in "iu" and arr.min() >= 0 and arr.max() <= 255:
+                    text += " (pixels 0–255: give them as uint8)"
+                raise InvalidInput(text) from None
         return torch.from_numpy(np.ascontiguousarray(batch, dtype=np.float32))
 
     def predict(

@@ -144,6 +144,7 @@ def test_every_accepted_array_form_gives_the_same_answers(
         ([[True] + [0.5] * 783], "images: expected numbers, got a boolean at index [0, 0]"),
         (np.full((1, 784), 255, dtype=np.int64), "images[0]: values must lie in [0, 1], found 255"),
         (np.float64(0.5), "images: expected shape N×1×28×28 or N×28×28 or N×784, got a scalar"),
+        (np.full((28, 28), 2.0), "images: values must lie in [0, 1], found 2.0 at index [0, 0, 0]"),
     ],
 )
 def test_bad_images_are_refused_by_name(tiny: Gate, images: Any, message: str) -> None:
