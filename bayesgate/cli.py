@@ -184,9 +184,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         except ModuleNotFoundError as exc:
             if not exc.name or exc.name.split(".")[0] == "bayesgate":
                 raise  # our own code is broken: fail loudly, never hide a subcommand
-            sub.add_parser(
-                name.split(".")[-2], help=f"unavailable: missing dependency {exc.name!r}"
-            )
+            note = f"unavailable: missing dependency {exc.name!r}"
+            for listed, (module, _) in COMMANDS.items():
+                if module == name:  # listed, and running it says why it cannot run
+                    unavailable = sub.add_parser(listed, help=note)
+                    unavailable.set_defaults(unavailable=f"{listed}: {note}")
             continue
         module.register(sub)
     for subparser in subcommand_parsers(parser).values():
@@ -205,6 +207,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(command_in(argv) or "")  # "": no command module imported
     args, unknown = parser.parse_known_args(argv)
+    if (unavailable := getattr(args, "unavailable", None)) is not None:  # whatever its arguments
+        print(f"bayesgate: error: {unavailable}", file=sys.stderr)
+        return 2
     if unknown:  # named by the subcommand's parser: "bayesgate train: error: …train --help"
         command = subcommand_parsers(parser).get(getattr(args, "command", None) or "", parser)
         command.error(f"unrecognized arguments: {' '.join(unknown)}")

@@ -77,6 +77,12 @@ class Gate:
         """Whether an array of ``shape`` is one image (else N images, first axis)."""
         return tuple(shape) in accepted_shapes(self.model.input_shape)
 
+    def shape_message(self, field: str, shape: tuple[int, ...]) -> str:
+        """What is wrong with an array of ``shape``: neither one image nor N images."""
+        accepted = accepted_shapes(self.model.input_shape)
+        text = " or ".join("N×" + "×".join(map(str, s)) for s in accepted)
+        return f"{field}: expected shape {text}, got {'×'.join(map(str, shape)) or 'a scalar'}"
+
     def to_batch(self, images: Any, field: str = "images") -> torch.Tensor:
         """``images`` as a float32 ``N×(card input shape)`` tensor, checked as the service checks
         ``/v1`` ``instances``; the message of the :class:`InvalidArgument` names ``field``.
@@ -110,9 +116,7 @@ class Gate:
         if single:
             arr = arr[None]
         elif arr.ndim == 0 or not self.single_image(arr.shape[1:]):
-            accepted = " or ".join("N×" + "×".join(map(str, s)) for s in accepted_shapes(shape))
-            got = "×".join(map(str, arr.shape)) or "a scalar"
-            raise InvalidInput(f"{field}: expected shape {accepted}, got {got}")
+            raise InvalidInput(self.shape_message(field, arr.shape))
         if arr.shape[0] == 0:
             raise InvalidInput(f"{field}: no images (the first axis is 0 long)")
         arr = arr.reshape(len(arr), *shape)  # a message's index is into the card's shape

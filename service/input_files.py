@@ -42,6 +42,7 @@ MAX_PNG_BYTES = 1 << 20  # a 28×28 digit's PNG is under 1 kB; the service's upl
 MAX_IMAGES = 100_000  # per run: 314 MB as float32 28×28 images (MNIST's train split is 60,000)
 _NPY_MAGIC = b"\x93NUMPY"
 _ZIP_MAGIC = b"PK\x03\x04"
+_EMPTY_ZIP_MAGIC = b"PK\x05\x06"  # an archive without members (``np.savez(path)``)
 _READ_ERRORS = (ValueError, EOFError, zlib.error, zipfile.BadZipFile, MemoryError)
 
 
@@ -150,11 +151,17 @@ def _read_array(path: Path, key: str | None, gate: Gate, room: int, field: str) 
     try:
         if magic.startswith(_NPY_MAGIC):
             return _checked_array(lambda: path.open("rb"), gate, room, field)
-        if magic.startswith(_ZIP_MAGIC):
+        if magic.startswith(_ZIP_MAGIC) or magic.startswith(_EMPTY_ZIP_MAGIC):
             with zipfile.ZipFile(path) as archive:
-                members = {name.removesuffix(".npy"): name for name in archive.namelist()}
+                members = {  # np.savez names each array NAME.npy; nothing else is an array
+                    name.removesuffix(".npy"): name
+                    for name in archive.namelist()
+                    if name.endswith(".npy")
+                }
                 member = members[_array_name(field, list(members), key)]
                 return _checked_array(lambda: archive.open(member), gate, room, field)
+    except InvalidArgument:
+        raise  # our own refusal (an InvalidArgument is a ValueError too): as it is
     except _READ_ERRORS as exc:
         raise InvalidArgument(f"{field}: not a readable array file ({_reason(exc)})") from None
     kind = "an empty file" if not magic else "neither .npy nor .npz content"
@@ -177,7 +184,10 @@ def _checked_array(
             f"{field}: an array of Python objects (a pickle inside); only numbers are read, "
             "and pickles never"
         )
-    n = 1 if not shape or gate.single_image(shape) else shape[0]
+    single = gate.single_image(shape)
+    if not single and not (shape and gate.single_image(shape[1:])):
+        raise InvalidArgument(gate.shape_message(field, shape))  # before any data is read
+    n = 1 if single else shape[0]
     if n > room:
         raise InvalidArgument(_too_many(field, n))
     with open_stream() as stream:
@@ -186,6 +196,8 @@ def _checked_array(
 
 def _array_name(field: str, names: list[str], key: str | None) -> str:
     """The array of the archive to score (see the module's docstring)."""
+    if not names:
+        raise InvalidArgument(f"{field}: no arrays in this archive")
     if key is not None:
         if key not in names:
             listed = ", ".join(names) or "none"
@@ -201,8 +213,8 @@ def _array_name(field: str, names: list[str], key: str | None) -> str:
 
 def _too_many(field: str, n: int) -> str:
     return (
-        f"{field}: {n} more images would take the run past {MAX_IMAGES} images (split the "
-        "inputs over several runs)"
+        f"{field}: {n} more image{'s' * (n != 1)} would take the run past {MAX_IMAGES} images "
+        "(split the inputs over several runs)"
     )
 
 

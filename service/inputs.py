@@ -215,8 +215,9 @@ def decode_png(data: bytes, field: str, shape: Sequence[int]) -> np.ndarray:
             f"{field}: expected a {height}×{width} image, got {declared[0]}×{declared[1]} "
             f"(images larger than the model's {height}×{width} input are refused before decoding)"
         )
-    if data.startswith(_PNG_SIGNATURE):  # IHDR elsewhere than first is refused here too
-        check_png_chunks(data, field)
+    if not data.startswith(_PNG_SIGNATURE):  # no decoder but PNG's ever sees a request's bytes
+        raise InvalidInput(f"{field}: expected a PNG file, got {_kind_of_file(data)}")
+    check_png_chunks(data, field)  # IHDR elsewhere than first is refused here too
     try:
         image = _open_png(data, field, height, width)
     except InvalidInput:
@@ -371,11 +372,9 @@ def _kind_of_file(data: bytes) -> str:
 
 def _open_png(data: bytes, field: str, height: int, width: int) -> Image.Image:
     """Open and fully decode ``data`` as mode ``L``; :class:`InvalidInput` unless a grayscale PNG
-    of this size. Only Pillow's PNG decoder ever sees the bytes: a file without the PNG
-    signature is refused before Pillow (its other decoders — BMP, TIFF, ICO, … — are never
-    reached from a request)."""
-    if not data.startswith(_PNG_SIGNATURE):
-        raise InvalidInput(f"{field}: expected a PNG file, got {_kind_of_file(data)}")
+    of this size. Only Pillow's PNG decoder is asked (``formats=["PNG"]``; :func:`decode_png`
+    has refused a file without the PNG signature already), so its other decoders — BMP, TIFF,
+    ICO, … — are never reached from a request."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         image = Image.open(io.BytesIO(data), formats=["PNG"])

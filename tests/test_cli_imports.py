@@ -28,7 +28,9 @@ def test_broken_own_import_is_not_hidden(monkeypatch: pytest.MonkeyPatch) -> Non
         cli.build_parser()
 
 
-def test_missing_optional_dependency_leaves_a_note(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_optional_dependency_leaves_a_note(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     real = importlib.import_module
 
     def fake(name: str, *args: object) -> object:
@@ -37,11 +39,18 @@ def test_missing_optional_dependency_leaves_a_note(monkeypatch: pytest.MonkeyPat
         return real(name, *args)
 
     monkeypatch.setattr(cli.importlib, "import_module", fake)
-    parser = cli.build_parser()
-    (commands,) = [a for a in parser._actions if a.dest == "command"]
-    notes = {c.dest: c.help for c in commands._choices_actions}
-    assert "train" in notes and "calibrate" in notes  # the other packages still register
-    assert notes["service"] == "unavailable: missing dependency 'fastapi'"
+    for parser in (cli.build_parser(), cli.build_parser("serve")):
+        (commands,) = [a for a in parser._actions if a.dest == "command"]
+        notes = {c.dest: c.help for c in commands._choices_actions}
+        assert "train" in notes and "calibrate" in notes  # the other packages still register
+        assert (
+            notes["serve"] == notes["build-native"] == "unavailable: missing dependency 'fastapi'"
+        )
+        assert notes["predict"] == cli.COMMANDS["predict"][1]  # its own module imports
+    assert cli.main(["serve", "--port", "1"]) == 2
+    assert capsys.readouterr().err == (
+        "bayesgate: error: serve: unavailable: missing dependency 'fastapi'\n"
+    )
 
 
 def test_the_command_table_is_what_the_modules_register() -> None:

@@ -219,6 +219,18 @@ def test_an_interrupted_run_leaves_no_output_file(
         ),
         (lambda d: _write(d / "empty.npy", b""), (), "empty.npy: an empty file"),
         (
+            lambda d: _write(d / "shape.npy", _npy_header((1, 2**26))),
+            (),
+            "shape.npy: expected shape N×1×28×28 or N×28×28 or N×784, got 1×67108864",
+        ),
+        (lambda d: _zip(d / "text.npz", "readme.txt"), (), "text.npz: no arrays in this archive"),
+        (lambda d: _npz(d / "none.npz"), (), "none.npz: no arrays in this archive"),
+        (
+            lambda d: _write(d / "huge.png", _png_bytes() + bytes(1 << 20)),
+            (),
+            "huge.png: 1048649 bytes, more than a digit's PNG (1048576)",
+        ),
+        (
             lambda d: _write(d / "cut.npy", _npy_bytes(np.zeros((4, 784), np.float32))[:-100]),
             (),
             "cut.npy: not a readable array file (",
@@ -283,7 +295,9 @@ def test_bad_inputs_are_one_line_naming_the_file(
     assert code == 2 and out == ""
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("bayesgate: error: ")
-    assert message.format(d=tmp_path) in lines[0]
+    # the message itself, whole from its start: never wrapped in another refusal
+    where = "" if message.startswith("--") else f"{tmp_path}/"
+    assert lines[0].startswith(f"bayesgate: error: {where}{message.format(d=tmp_path)}"), lines
 
 
 def test_odd_but_valid_inputs_and_outputs(
@@ -326,6 +340,20 @@ def test_odd_but_valid_inputs_and_outputs(
     assert [{k: v for k, v in r.items() if k not in ("file", "index")} for r in lines] == (
         first + second
     )
+
+
+def test_a_bad_file_among_good_ones_writes_nothing_and_sub_folders_are_skipped(
+    capsys: pytest.CaptureFixture[str], tiny_model_dir: Path, files: dict[str, Path], tmp_path: Path
+) -> None:
+    (files["folder"] / "deeper").mkdir()
+    _npy(files["folder"] / "deeper" / "bad.npy", np.full((1, 784), 7.0))  # never read
+    bad = _npy(tmp_path / "bad.npy", np.full((1, 784), 7.0))
+    target = tmp_path / "answers.jsonl"
+    code, _, err = _run(capsys, tiny_model_dir, files["folder"], bad, "--out", target)
+    assert code == 2 and f"{bad}[0]: values must lie in [0, 1]" in err
+    assert not target.exists()
+    code, _, _ = _run(capsys, tiny_model_dir, files["folder"], "--out", target)
+    assert code == 0 and len(target.read_text().splitlines()) == 2  # the two PNGs only
 
 
 def test_the_cli_chunk_is_gates(tiny_model_dir: Path) -> None:
@@ -426,6 +454,14 @@ def _corrupt_deflate_npz() -> bytes:
     middle = len(data) // 2
     data[middle : middle + 64] = bytes(64)
     return bytes(data)
+
+
+def _zip(path: Path, member: str) -> Path:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr(member, "not an array")
+    return path
 
 
 def _fifo(path: Path) -> Path:
