@@ -4,7 +4,10 @@ models/, attacks/, service/."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what type checkers see; at run time, __getattr__ below
+    from bayesgate.service.gate import Gate
 
 __all__ = ["Gate"]
 

@@ -32,18 +32,6 @@ from typing import Any
 from bayesgate.errors import UserError
 from bayesgate.extras import check_needs
 
-# Modules providing subcommands, in the order they appear in --help. Optional ones (whose
-# dependencies may be missing in a slim install) are skipped with a note if they fail to import.
-COMMAND_MODULES = (
-    "bayesgate.models.cli",
-    "bayesgate.models.data.cli",
-    "bayesgate.attacks.cli",
-    "bayesgate.attacks.robust_cli",
-    "bayesgate.service.cli",
-    "bayesgate.service.predict_cli",
-    "bayesgate.models.uci.cli",
-)
-
 # Each command: the module that registers it and its help line (as that module registers it:
 # a test compares the two), so that a command's parser needs only its own module imported.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -102,6 +90,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "markdown table of `bayesgate uci` results vs the paper",
     ),
 }
+# The modules, in the order their commands appear in --help. Optional ones (whose dependencies
+# may be missing in a slim install) list their commands as unavailable if they fail to import.
+COMMAND_MODULES = tuple(dict.fromkeys(module for module, _ in COMMANDS.values()))
 
 
 def shows_default(action: argparse.Action) -> bool:

@@ -93,3 +93,14 @@ def test_a_command_imports_only_its_own_module() -> None:
         "serve 2",
         "False ['bayesgate.cli', 'bayesgate.service.cli']",
     ]
+
+
+def test_the_stores_lazy_names_all_resolve() -> None:
+    import bayesgate.models.store as store
+
+    for name in store.__all__:
+        assert getattr(store, name).__name__ == name
+        assert name in dir(store)
+    with pytest.raises(AttributeError, match="has no attribute 'Nope'"):
+        store.Nope  # noqa: B018
+    assert sorted(store.__all__) == sorted(store._SOURCES)

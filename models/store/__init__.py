@@ -9,7 +9,28 @@ that cannot work is refused in a fraction of a second instead of after torch has
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time, __getattr__ below
+    from bayesgate.models.store.calibration import (
+        Calibration,
+        read_calibration,
+        write_calibration,
+    )
+    from bayesgate.models.store.card import (
+        InferenceSettings,
+        InputSpec,
+        ModelCard,
+        TrainingRecord,
+    )
+    from bayesgate.models.store.directory import (
+        LoadedModel,
+        ModelStoreError,
+        load_model,
+        read_card,
+        save_model,
+        write_card,
+    )
 
 _SOURCES = {
     "Calibration": "calibration",
@@ -27,7 +48,21 @@ _SOURCES = {
     "write_card": "directory",
 }
 
-__all__ = sorted(_SOURCES)
+__all__ = [  # the names of _SOURCES (a test checks that each resolves)
+    "Calibration",
+    "InferenceSettings",
+    "InputSpec",
+    "LoadedModel",
+    "ModelCard",
+    "ModelStoreError",
+    "TrainingRecord",
+    "load_model",
+    "read_calibration",
+    "read_card",
+    "save_model",
+    "write_calibration",
+    "write_card",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -35,3 +70,7 @@ def __getattr__(name: str) -> Any:
     if source is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(importlib.import_module(f"{__name__}.{source}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_SOURCES})
