@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from bayesgate.errors import InvalidArgument
-from bayesgate.models.store.bundled import DEFAULT_ALIAS, model_dir_not_found, resolve_model_dir
+from bayesgate.models.store.bundled import DEFAULT_ALIAS, resolve_model_dir
 from bayesgate.service.errors import InvalidInput, StartupError
 from bayesgate.service.inputs import accepted_shapes, check_values, kind_text, reject_booleans
 from bayesgate.service.prediction import Prediction, answer
@@ -60,11 +60,8 @@ class Gate:
         """The model directory ``model``, or the bundled model of that name (``bayesgate-robust``,
         ``bayesgate-cnn``, ``bayesgate-default``); ``device`` ``auto`` takes CUDA when there is
         one."""
-        directory = resolve_model_dir(Path(model))
-        if not directory.is_dir():
-            raise InvalidArgument(model_dir_not_found(directory, "model"))
         try:
-            return cls(load_served_model(directory, device))
+            return cls(load_served_model(resolve_model_dir(Path(model)), device, source="model"))
         except StartupError as exc:
             raise InvalidArgument(str(exc)) from None
 
@@ -126,12 +123,10 @@ class Gate:
             # float32 is compared as it is (0 and 1 are exact in it); anything else in float64,
             # as the service checks JSON numbers, so 1.00000000001 is refused, not rounded to 1
             batch = arr if arr.dtype == np.float32 else arr.astype(np.float64)
-            try:
-                check_values(field, batch, self.model.input_range)
+            try:  # one image: no index to name (its answer's index is null too)
+                check_values(field, batch, self.model.input_range, indexed=not single)
             except InvalidInput as exc:
                 text = str(exc)
-                if single:  # one image: no index to name (an answer's index is null too)
-                    text = text.replace(f"{field}[0]:", f"{field}:", 1)
                 if arr.dtype.kind in "iu" and arr.min() >= 0 and arr.max() <= 255:
                     text += " (pixels 0–255: give them as uint8)"
                 raise InvalidInput(text) from None

@@ -43,6 +43,7 @@ MAX_IMAGES = 100_000  # per run: 314 MB as float32 28×28 images (MNIST's train 
 _NPY_MAGIC = b"\x93NUMPY"
 _ZIP_MAGIC = b"PK\x03\x04"
 _EMPTY_ZIP_MAGIC = b"PK\x05\x06"  # an archive without members (``np.savez(path)``)
+_ZIP_MAGICS = (_ZIP_MAGIC, _EMPTY_ZIP_MAGIC)
 _READ_ERRORS = (ValueError, EOFError, zlib.error, zipfile.BadZipFile, MemoryError)
 
 
@@ -75,6 +76,8 @@ def display(path: Path) -> str:
 def read_inputs(paths: Sequence[Path], gate: Gate, key: str | None = None) -> InputBatch:
     """Every image of ``paths`` (files or folders, see the module's docstring), in order."""
     files = expand(paths)
+    if key is not None and not any(_magic(p).startswith(_ZIP_MAGICS) for p in files):
+        raise InvalidArgument(f"--key {key}: applies to .npz inputs, and none was given")
     parts: list[torch.Tensor] = []
     sources: list[Source] = []
     for path in files:
@@ -146,12 +149,11 @@ def _read_png(path: Path, gate: Gate, field: str) -> torch.Tensor:
 
 def _read_array(path: Path, key: str | None, gate: Gate, room: int, field: str) -> np.ndarray:
     """The array to score in a ``.npy`` or ``.npz`` file, told by its first bytes."""
-    with path.open("rb") as stream:
-        magic = stream.read(len(_NPY_MAGIC))
+    magic = _magic(path)
     try:
         if magic.startswith(_NPY_MAGIC):
             return _checked_array(lambda: path.open("rb"), gate, room, field)
-        if magic.startswith(_ZIP_MAGIC) or magic.startswith(_EMPTY_ZIP_MAGIC):
+        if magic.startswith(_ZIP_MAGICS):
             with zipfile.ZipFile(path) as archive:
                 members = {  # np.savez names each array NAME.npy; nothing else is an array
                     name.removesuffix(".npy"): name
@@ -166,6 +168,15 @@ def _read_array(path: Path, key: str | None, gate: Gate, room: int, field: str) 
         raise InvalidArgument(f"{field}: not a readable array file ({_reason(exc)})") from None
     kind = "an empty file" if not magic else "neither .npy nor .npz content"
     raise InvalidArgument(f"{field}: {kind} (an array file starts with \\x93NUMPY or PK)")
+
+
+def _magic(path: Path) -> bytes:
+    """The first bytes of ``path``: enough to tell a .npy from a zip archive."""
+    try:
+        with path.open("rb") as stream:
+            return stream.read(len(_NPY_MAGIC))
+    except OSError as exc:
+        raise InvalidArgument(f"{display(path)}: cannot read ({exc.strerror or exc})") from None
 
 
 def _checked_array(

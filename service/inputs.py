@@ -146,12 +146,15 @@ def _boolean_at(value: Any) -> list[int] | None:
     return None
 
 
-def check_values(field: str, batch: np.ndarray, value_range: tuple[float, float]) -> None:
+def check_values(
+    field: str, batch: np.ndarray, value_range: tuple[float, float], indexed: bool = True
+) -> None:
     """Reject NaN/±Inf and values outside ``value_range`` in ``batch`` (``B×…``, float64).
 
     Two vectorised reductions (min and max; a NaN propagates into both and fails the test) over
     the whole batch; only on failure is the first bad value located,
-    and reported as ``<field>[b]`` with its index inside that instance.
+    and reported as ``<field>[b]`` (``<field>`` alone when not ``indexed``: one image) with its
+    index inside that instance.
     """
     lo, hi = value_range
     if batch.size and lo <= batch.min() and batch.max() <= hi:  # False when a NaN is there
@@ -166,13 +169,12 @@ def check_values(field: str, batch: np.ndarray, value_range: tuple[float, float]
         map(str, batch.shape[1:])
     )
     value = batch.reshape(-1)[flat]
+    name = f"{field}[{b}]" if indexed else field
     if not np.isfinite(value):
-        raise InvalidInput(f"{field}[{b}]: values must be finite, found {value!s} at {where}")
+        raise InvalidInput(f"{name}: values must be finite, found {value!s} at {where}")
     # str() of a numpy scalar: the shortest text that reads back as that value in its own dtype
     # (1.00000000001, not the 1 of ``:g``; a float32 1.0000001 as such)
-    raise InvalidInput(
-        f"{field}[{b}]: values must lie in [{lo:g}, {hi:g}], found {value!s} at {where}"
-    )
+    raise InvalidInput(f"{name}: values must lie in [{lo:g}, {hi:g}], found {value!s} at {where}")
 
 
 def kind_text(arr: np.ndarray) -> str:

@@ -124,8 +124,6 @@ def cmd_predict(args: argparse.Namespace) -> int:
     set_threads(args.threads)
     gate = Gate.load(args.model, args.device)
     batch = read_inputs(args.inputs, gate, args.key)
-    if args.key is not None and not any(_is_archive(p) for p in batch.paths):
-        raise InvalidArgument(f"--key {args.key}: applies to .npz inputs, and none was given")
     if out is not None and (clash := _same_file(out, batch.paths)) is not None:
         raise InvalidArgument(f"--out {display(out)}: is the input {display(clash)}")
     k = gate.default_k if args.k is None else args.k
@@ -162,11 +160,6 @@ def cmd_predict(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
-
-
-def _is_archive(path: Path) -> bool:
-    with path.open("rb") as stream:
-        return stream.read(4) == b"PK\x03\x04"
 
 
 def _same_file(out: Path, inputs: list[Path]) -> Path | None:

@@ -287,11 +287,14 @@ def _finite(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def load_served_model(directory: Path | str, device: str = "auto") -> ServedModel:
-    """Load weights (sha256-verified) and ``calibration.json`` (tied to those weights)."""
+def load_served_model(
+    directory: Path | str, device: str = "auto", source: str = "BAYESGATE_MODEL_DIR"
+) -> ServedModel:
+    """Load weights (sha256-verified) and ``calibration.json`` (tied to those weights);
+    ``source`` names where the directory came from in the message when it does not exist."""
     directory = Path(directory)
     if not directory.is_dir():
-        raise StartupError(model_dir_not_found(directory, "BAYESGATE_MODEL_DIR"))
+        raise StartupError(model_dir_not_found(directory, source))
     try:
         dev = pick_device(device)
     except (ValueError, RuntimeError) as exc:

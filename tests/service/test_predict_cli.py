@@ -20,7 +20,7 @@ from PIL import Image
 from bayesgate.cli import main
 from bayesgate.service import predict_cli
 from bayesgate.service.gate import DEFAULT_BATCH_SIZE, Gate
-from bayesgate.service.input_files import MAX_IMAGES
+from bayesgate.service.input_files import MAX_IMAGES, MAX_PNG_BYTES
 from bayesgate.service.schemas import instance_dict
 
 
@@ -228,7 +228,7 @@ def test_an_interrupted_run_leaves_no_output_file(
         (
             lambda d: _write(d / "huge.png", _png_bytes() + bytes(1 << 20)),
             (),
-            "huge.png: 1048649 bytes, more than a digit's PNG (1048576)",
+            "huge.png: {png} bytes, more than a digit's PNG ({cap})",
         ),
         (
             lambda d: _write(d / "cut.npy", _npy_bytes(np.zeros((4, 784), np.float32))[:-100]),
@@ -297,7 +297,9 @@ def test_bad_inputs_are_one_line_naming_the_file(
     assert len(lines) == 1 and lines[0].startswith("bayesgate: error: ")
     # the message itself, whole from its start: never wrapped in another refusal
     where = "" if message.startswith("--") else f"{tmp_path}/"
-    assert lines[0].startswith(f"bayesgate: error: {where}{message.format(d=tmp_path)}"), lines
+    png = len(_png_bytes()) + (1 << 20)  # huge.png's size
+    expected = message.format(d=tmp_path, png=png, cap=MAX_PNG_BYTES)
+    assert lines[0].startswith(f"bayesgate: error: {where}{expected}"), lines
 
 
 def test_odd_but_valid_inputs_and_outputs(
