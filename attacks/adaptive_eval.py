@@ -40,6 +40,7 @@ from bayesgate.models.mc.dropout import mc_sampling
 from bayesgate.models.mc.engine import mc_logits_features
 from bayesgate.models.mc.uncertainty import predictive_mean
 from bayesgate.models.store.directory import LoadedModel
+from bayesgate.outputs import write_atomically
 
 
 def detector_score_fn(
@@ -256,9 +257,11 @@ class _AdaptiveRun(DetectorRun):
                 p.requires_grad_(flag)
         x_adv, found_arr = torch.cat(chunks), torch.cat(found).numpy()
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp.npz")
-        np.savez_compressed(tmp, x_adv=x_adv.numpy(), found=found_arr)
-        tmp.replace(path)
+        write_atomically(
+            path,
+            lambda out: np.savez_compressed(out, x_adv=x_adv.numpy(), found=found_arr),
+            binary=True,
+        )
         return x_adv, found_arr
 
 

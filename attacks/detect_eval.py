@@ -43,6 +43,7 @@ from bayesgate.errors import InvalidArgument
 from bayesgate.models.detection.detector import Detector, collect_features, scores_numpy
 from bayesgate.models.mc.uncertainty import predictive_mean
 from bayesgate.models.store.directory import LoadedModel
+from bayesgate.outputs import write_atomically
 
 SEEN_ATTACKS = ("fgs:eta=0.1", "fgs:eta=0.2", "fgs:eta=0.3", "targeted:steps=40,eta=0.01")
 UNSEEN_ATTACKS = ("pgd:eps=0.3,eps_iter=0.01,steps=40", "cw", "square:eps=0.3,queries=1000")
@@ -367,14 +368,12 @@ def _save_images(
     path: Path, x_adv: torch.Tensor, target: torch.Tensor, meta: dict[str, Any]
 ) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.npz")
-    np.savez_compressed(
-        tmp,
-        x_adv=x_adv.numpy().astype(np.float32),
-        target=target.numpy(),
-        meta=np.array(json.dumps(meta)),
-    )
-    tmp.replace(path)
+    arrays = {
+        "x_adv": x_adv.numpy().astype(np.float32),
+        "target": target.numpy(),
+        "meta": np.array(json.dumps(meta)),
+    }
+    write_atomically(path, lambda out: np.savez_compressed(out, **arrays), binary=True)
 
 
 def _mean(values: torch.Tensor) -> float | None:

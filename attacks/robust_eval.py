@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from bayesgate.attacks.methods import APGD, Attack, PGDRestarts
 from bayesgate.attacks.model_fn import frozen_parameters, log_predictive_fn
 from bayesgate.errors import InvalidArgument, check_at_least
 from bayesgate.models.mc.engine import mc_predict
+from bayesgate.outputs import write_atomically
 
 ROBUST_ATTACKS = ("pgd", "apgd-ce", "apgd-dlr")
 EVAL_SEED_OFFSET = 1_000_003  # the verdict's masks are drawn apart from every attack's
@@ -110,11 +110,11 @@ class BatchCache:
         return np.load(path, allow_pickle=False) if path.is_file() else None
 
     def put(self, name: str, value: np.ndarray) -> None:
-        path = self.dir / f"{name}.npy"
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as f:
-            np.save(f, value, allow_pickle=False)
-        os.replace(tmp, path)
+        write_atomically(
+            self.dir / f"{name}.npy",
+            lambda out: np.save(out, value, allow_pickle=False),
+            binary=True,
+        )
 
 
 def model_key(name: str, weights_sha256: str) -> str:

@@ -5,6 +5,10 @@ other commands replace their own result files in ``--out`` — no error: running
 how ``detect-eval``, ``adaptive-eval`` and ``evaluate-robust`` resume from their caches of
 adversarial examples — and say so on stderr, one line before the work, so that a result the user
 meant to keep can still be saved (Ctrl-C).
+
+:func:`write_atomically` is how the project replaces a file in place — results, caches of
+adversarial examples, checkpoints, model stores, the service's shared admin state, the native
+library: written beside the target and renamed, so a reader sees the old file or the new one.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import IO
+from typing import IO, Any, Literal, overload
 
 
 def note_replacing(command: str, paths: Iterable[Path]) -> list[Path]:
@@ -27,20 +31,56 @@ def note_replacing(command: str, paths: Iterable[Path]) -> list[Path]:
     return found
 
 
-def write_atomically(path: Path, write: Callable[[IO[str]], None]) -> None:
+@overload
+def write_atomically(
+    path: Path,
+    write: Callable[[IO[str]], None],
+    *,
+    binary: Literal[False] = False,
+    fsync: bool = False,
+) -> None: ...
+
+
+@overload
+def write_atomically(
+    path: Path, write: Callable[[IO[bytes]], None], *, binary: Literal[True], fsync: bool = False
+) -> None: ...
+
+
+def write_atomically(
+    path: Path, write: Callable[[IO[Any]], None], *, binary: bool = False, fsync: bool = False
+) -> None:
     """``write(stream)`` into a temporary file beside ``path``, renamed to ``path`` once it
     returns: a reader never sees a half-written file, and a failure or Ctrl-C leaves ``path`` as
     it was and no temporary behind. The file gets the usual permissions (``0o666`` less the
-    umask), not ``mkstemp``'s ``0o600``."""
+    umask), not ``mkstemp``'s ``0o600``.
+
+    ``stream`` is UTF-8 text (newlines written as given), or bytes with ``binary=True``. With
+    ``fsync=True`` the data is on disk before the rename and the rename is on disk when this
+    returns (the folder is fsync'ed too): after a crash ``path`` holds the old or the new
+    content, whole."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", newline="", encoding="utf-8") as stream:
+        if binary:
+            stream: IO[Any] = os.fdopen(fd, "wb")
+        else:
+            stream = os.fdopen(fd, "w", newline="", encoding="utf-8")
+        with stream:
             write(stream)
+            if fsync:
+                stream.flush()
+                os.fsync(stream.fileno())
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    if fsync:
+        folder = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
 
 
 def _umask() -> int:

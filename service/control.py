@@ -33,6 +33,7 @@ import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+from bayesgate.outputs import write_atomically
 from bayesgate.service.deps import default_mc_samples
 from bayesgate.service.errors import InvalidInput, ReloadFailed, StartupError
 from bayesgate.service.metrics import Metrics
@@ -272,9 +273,7 @@ class ModelControl:
         path = self._path()
         if path is None:
             return
-        tmp = path.with_name(f".{STATE_FILE}.{os.getpid()}.tmp")
-        tmp.write_text(state.to_json())
-        os.replace(tmp, path)
+        write_atomically(path, lambda out: out.write(state.to_json()))
 
     async def watch(self) -> None:
         """Follow the other processes' changes (runs for the app's lifetime when shared)."""

@@ -20,10 +20,10 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from bayesgate.errors import InvalidArgument
+from bayesgate.outputs import write_atomically
 
 CRATE = Path(__file__).resolve().parent / "native_front"
 LIBRARY_ENV = "BAYESGATE_NATIVE_LIBRARY"
@@ -111,10 +111,8 @@ def build_library(quiet: bool = True) -> Path:
         )
     built = target / "release" / library_file_name()
     final.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=".building-")
-    os.close(fd)
-    shutil.copyfile(built, tmp)
-    os.replace(tmp, final)
+    with built.open("rb") as library:
+        write_atomically(final, lambda out: shutil.copyfileobj(library, out), binary=True)
     return final
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +40,7 @@ from bayesgate.models.store.checks import (
     parse_int,
     state_mismatch,
 )
+from bayesgate.outputs import write_atomically
 
 __all__ = [  # the card and the error are re-exported for the store's users
     "CALIBRATION_FILE",
@@ -256,9 +256,4 @@ def _build(arch: dict[str, Any], card_path: Path) -> nn.Module:
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_atomically(path, lambda out: out.write(data), binary=True)

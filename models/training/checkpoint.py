@@ -20,7 +20,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from bayesgate.errors import UserError
+from bayesgate.outputs import write_atomically
 
 STATE_FILE = "checkpoint.json"
 FORMAT = "bayesgate-checkpoint/1"
@@ -57,20 +57,7 @@ class Checkpointing:
 
 def atomic_write(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` via a temporary file: write, fsync, rename, fsync the folder."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    folder = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(folder)
-    finally:
-        os.close(folder)
+    write_atomically(path, lambda out: out.write(data), binary=True, fsync=True)
 
 
 def write_checkpoint(directory: Path, tensors: dict[str, torch.Tensor], state: dict) -> None:

@@ -31,6 +31,16 @@ def test_worst_of_is_the_per_digit_conjunction() -> None:
     assert row["robust_accuracy_worst_of"] == pytest.approx(0.4)  # digits 2 and 3 only
 
 
+def test_the_batch_cache_round_trips_and_leaves_only_its_arrays(tmp_path: Path) -> None:
+    cache = robust_eval.BatchCache(tmp_path, "tiny-0123456789ab")
+    value = np.array([True, False, True])
+    assert cache.get("pgd-eps0.3-b0") is None
+    cache.put("pgd-eps0.3-b0", value)
+    cache.put("pgd-eps0.3-b0", value)  # a batch written again replaces its file
+    assert np.array_equal(cache.get("pgd-eps0.3-b0"), value)
+    assert [p.name for p in cache.dir.iterdir()] == ["pgd-eps0.3-b0.npy"]
+
+
 def test_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="unknown attacks"):
         RobustSettings(attacks=("fgsm",))

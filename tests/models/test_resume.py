@@ -4,6 +4,8 @@ weights to an uninterrupted one; checkpoints are safetensors + JSON, written ato
 from __future__ import annotations
 
 import json
+import os
+import stat
 from dataclasses import replace
 from pathlib import Path
 
@@ -249,3 +251,18 @@ def test_atomic_write_replaces_the_file_and_leaves_no_temporary(tmp_path: Path) 
     ckpt.atomic_write(target, b"two")
     assert target.read_bytes() == b"two"
     assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
+
+
+def test_atomic_write_fsyncs_the_file_and_then_its_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[bool] = []  # is the fsync'ed descriptor a folder?
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(stat.S_ISDIR(os.fstat(fd).st_mode))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    ckpt.atomic_write(tmp_path / "x.json", b"one")
+    assert synced == [False, True]
