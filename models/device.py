@@ -1,12 +1,18 @@
-"""Device selection: CUDA when present, CPU otherwise; the number of CPU threads."""
+"""Device selection: CUDA when present, CPU otherwise; the number of CPU threads.
+
+torch is imported inside the functions that use it, not at module level: every command's parser
+reads :data:`DEVICE_CHOICES` and :func:`add_threads_flag` from here, and ``bayesgate COMMAND
+--help`` (or a flag refused before the work starts) should not wait ~3 s for torch to load."""
 
 from __future__ import annotations
 
 import argparse
-
-import torch
+from typing import TYPE_CHECKING
 
 from bayesgate.errors import DeviceUnavailable, InvalidArgument
+
+if TYPE_CHECKING:
+    import torch
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 
@@ -22,6 +28,8 @@ def pick_device(preference: str = "auto") -> torch.device:
         raise InvalidArgument(
             f"device must be one of {', '.join(DEVICE_CHOICES)} or cuda:N, got {preference!r}"
         )
+    import torch
+
     if preference == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if preference.startswith("cuda") and not torch.cuda.is_available():
@@ -47,6 +55,8 @@ def set_threads(threads: int | None) -> None:
         return
     if threads < 1:
         raise InvalidArgument(f"--threads must be ≥ 1, got {threads}")
+    import torch
+
     torch.set_num_threads(threads)
 
 
@@ -61,4 +71,6 @@ def use_process_thread_count() -> None:
     different count than the later ones — and than the setting (``--threads 1`` still computed
     on two cores, and a seeded answer's last bits changed after the first calls). Calling it
     again in the thread applies it there."""
+    import torch
+
     torch.set_num_threads(torch.get_num_threads())

@@ -7,6 +7,9 @@ the ``/v1`` prediction's fields) or CSV (one row per image, a column per score a
 probability). The output goes to stdout, or to ``--out`` (written whole at the end: an
 interrupted run leaves no half file); a one-line summary (images, how many flagged, by which
 score and threshold) goes to stderr.
+
+The service's modules (they import torch) are imported when the command runs, after the flags
+that need none of them are checked: ``--help`` and such a refusal answer without torch's ~3 s.
 """
 
 from __future__ import annotations
@@ -106,13 +109,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
+    for flag in ("k", "batch_size"):
+        check_at_least("--" + flag.replace("_", "-"), getattr(args, flag))
+    check_at_least("--seed", args.seed, minimum=0)
+    # imported after the checks above, which therefore answer without torch (these import it)
     from bayesgate.service.gate import Gate
     from bayesgate.service.input_files import display, read_inputs
     from bayesgate.service.schemas import MAX_SEED
 
-    for flag in ("k", "batch_size"):
-        check_at_least("--" + flag.replace("_", "-"), getattr(args, flag))
-    check_at_least("--seed", args.seed, minimum=0)
     if args.seed > MAX_SEED:
         raise InvalidArgument(f"--seed must be ≤ {MAX_SEED}, got {args.seed}")
     out = None if args.out is None or str(args.out) == "-" else args.out

@@ -4,6 +4,9 @@ The same checked download that ``train``, ``evaluate`` and the attack commands r
 missing (:func:`~bayesgate.models.data.download.download_mnist`: every file checked against its
 known size and sha256 and the published MD5 of its content, written atomically), as its own step:
 for a machine that will run the tests (which never download) or go offline later.
+
+:mod:`.mnist` and :mod:`.download` are imported when the command runs: :mod:`.mnist` imports
+torch, which ``bayesgate fetch-data --help`` does not need.
 """
 
 from __future__ import annotations
@@ -11,7 +14,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bayesgate.models.data.mnist import MNIST_FILES, DataError, find_mnist_file, mnist_dir
 from bayesgate.models.data.settings import DATA_DIR_ENV, MIRRORS_ENV
 
 
@@ -45,6 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_fetch_data(args: argparse.Namespace) -> int:
     from bayesgate.errors import InvalidArgument
     from bayesgate.models.data.download import download_mnist, present_file_problem
+    from bayesgate.models.data.mnist import MNIST_FILES, DataError, find_mnist_file, mnist_dir
 
     if not args.timeout > 0:
         raise InvalidArgument(f"--timeout must be > 0 seconds, got {args.timeout:g}")
