@@ -1,4 +1,12 @@
-"""``bayesgate attack``, ``bayesgate calibrate`` and ``bayesgate sweep``."""
+"""``bayesgate attack``, ``bayesgate calibrate`` and ``bayesgate sweep`` (and, through
+:mod:`.detector_cli` and :mod:`.evaluate_cli`, ``fit-detector``, ``detect-eval`` and
+``adaptive-eval``).
+
+Building these parsers imports no torch: the attacks' flags come from their torch-free parameter
+declarations (:mod:`bayesgate.attacks.methods.parameters`), and what runs an attack, loads a model
+or reads MNIST is imported inside the command functions, after the flags they check. So ``--help``
+and a refused flag answer in a fraction of a second instead of after torch's ~3 s import.
+"""
 
 from __future__ import annotations
 
@@ -8,22 +16,29 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bayesgate.attacks.methods import ATTACKS, Attack
-from bayesgate.attacks.methods.base import parameter_defaults
+from bayesgate.attacks.methods.parameters import (
+    ATTACK_PARAMETERS,
+    AttackParameters,
+    parameter_defaults,
+)
 from bayesgate.attacks.specs import (
     DEFAULT_ATTACKS,
-    build_attack,
-    parse_attack,
+    attack_of,
+    build_parameters,
+    parse_parameters,
     spec_help,
     spec_needs,
 )
 from bayesgate.errors import InvalidArgument, check_at_least, writable_dir, writable_file
 from bayesgate.extras import Need
 from bayesgate.models.device import DEVICE_CHOICES, add_threads_flag, pick_device, set_threads
-from bayesgate.models.mc.uncertainty import SCORES
 from bayesgate.models.store.bundled import READ_MODEL_HELP, model_to_read
 from bayesgate.outputs import note_replacing
 
+SCORES = ("predictive_entropy", "mutual_information", "variation_ratio")
+"""The scores ``calibrate --score`` thresholds: the names of
+:data:`bayesgate.models.mc.uncertainty.SCORES` (not imported: it imports torch;
+tests/test_cli_imports.py compares the two)."""
 FIGURES = ("6", "7", "detection")
 PARAM_DEST = "attack_param_"
 """Namespace prefix of the attack-parameter flags of ``bayesgate attack``."""
@@ -54,7 +69,7 @@ def _register_attack(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", type=model_to_read, help=READ_MODEL_HELP)
     p.add_argument(
         "--attack",
-        choices=tuple(ATTACKS),
+        choices=tuple(ATTACK_PARAMETERS),
         default=None,  # None: not given (--spec may replace it); the attack is then DEFAULT_ATTACK
         help=f"the attack, its parameters below (default: {DEFAULT_ATTACK}; not with --spec)",
     )
@@ -79,7 +94,7 @@ def _attack_parameter_flags(p: argparse.ArgumentParser) -> None:
     """``--<parameter>`` for every parameter of a registered attack (``eps_iter`` → ``--eps-iter``),
     its help naming the attacks that have it and their defaults."""
     users: dict[str, list[str]] = {}
-    for name, cls in ATTACKS.items():
+    for name, cls in ATTACK_PARAMETERS.items():
         for key, default in parameter_defaults(cls).items():
             users.setdefault(key, []).append(f"{name} (default {default})")
     for key, used_by in users.items():
@@ -101,7 +116,7 @@ def _register_calibrate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", type=Path, help="model directory (calibration.json is written there)")
     p.add_argument(
         "--score",
-        choices=tuple(SCORES),
+        choices=SCORES,
         default="predictive_entropy",
         help="uncertainty score thresholded",
     )
@@ -184,9 +199,11 @@ def _calibrate_needs(args: argparse.Namespace) -> list[Need]:
 
 
 def _sweep_needs(args: argparse.Namespace) -> list[Need]:
-    from bayesgate.attacks.sweep import DETECTION_ATTACKS
+    specs = {"6": ["fgs"], "7": ["targeted"]}.get(args.figure, args.attacks)
+    if not specs:  # the detection table's own attacks (bayesgate.attacks.sweep: torch)
+        from bayesgate.attacks.sweep import DETECTION_ATTACKS
 
-    specs = {"6": ["fgs"], "7": ["targeted"]}.get(args.figure, args.attacks or DETECTION_ATTACKS)
+        specs = DETECTION_ATTACKS
     return [*spec_needs(specs), Need(PLOT, f"--figure {args.figure}'s plot")]
 
 
@@ -216,26 +233,28 @@ def _attack_spec(args: argparse.Namespace) -> str:
     return args.spec
 
 
-def _attack(args: argparse.Namespace) -> Attack:
-    """The attack of ``bayesgate attack``: ``--spec``, else ``--attack`` with the parameter flags
-    given (a flag the attack does not have is an error naming its parameters)."""
+def _attack_parameters(args: argparse.Namespace) -> AttackParameters:
+    """The attack of ``bayesgate attack``, checked (without torch): ``--spec``, else ``--attack``
+    with the parameter flags given (a flag the attack does not have is an error naming its
+    parameters)."""
     spec = _attack_spec(args)
     if args.spec is not None:
-        return parse_attack(spec)
-    return build_attack(spec, _parameter_flags(args))
+        return parse_parameters(spec)
+    return build_parameters(spec, _parameter_flags(args))
 
 
 def cmd_attack(args: argparse.Namespace) -> int:
-    from bayesgate.attacks.run import run_attack
-    from bayesgate.models.data.mnist import load_mnist
-    from bayesgate.models.store.directory import load_model
-
-    attack = _attack(args)
+    parameters = _attack_parameters(args)
     for name in ("k", "k_eval", "limit", "batch_size"):
         check_at_least("--" + name.replace("_", "-"), getattr(args, name))
     set_threads(args.threads)
     writable_file(args.out, "--out", ".npz")  # before the attack, not after it
     note_replacing("attack", [args.out])
+    from bayesgate.attacks.run import run_attack  # torch: after the checks above
+    from bayesgate.models.data.mnist import load_mnist
+    from bayesgate.models.store.directory import load_model
+
+    attack = attack_of(parameters)
     device = pick_device(args.device)
     loaded = load_model(args.model, device)
     k = args.k or loaded.card.inference.k_attack
@@ -267,14 +286,14 @@ def cmd_attack(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from bayesgate.attacks.calibrate import calibrate
+    for name in ("k", "k_attack", "val_limit", "test_limit", "batch_size"):
+        check_at_least("--" + name.replace("_", "-"), getattr(args, name))
+    set_threads(args.threads)
+    from bayesgate.attacks.calibrate import calibrate  # torch: after the checks above
     from bayesgate.attacks.detector_cli import detector_reference
     from bayesgate.models.store.calibration import write_calibration
     from bayesgate.models.store.directory import load_model
 
-    for name in ("k", "k_attack", "val_limit", "test_limit", "batch_size"):
-        check_at_least("--" + name.replace("_", "-"), getattr(args, name))
-    set_threads(args.threads)
     device = pick_device(args.device)
     loaded = load_model(args.model, device)
     run = calibrate(
@@ -330,17 +349,17 @@ def sweep_out(args: argparse.Namespace) -> Path:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    import torch
-
-    from bayesgate.attacks import sweep
-    from bayesgate.models.store.directory import load_model
-
     for name in ("k", "k_eval", "limit", "batch_size", "steps"):
         check_at_least("--" + name.replace("_", "-"), getattr(args, name))
     check_at_least("--slow-limit", args.cw_limit)  # 0 read as no limit, −1 as all but one
     set_threads(args.threads)  # recorded as torch_threads
     args.out = sweep_out(args)
     writable_dir(args.out, "--out")
+    import torch  # after the checks above
+
+    from bayesgate.attacks import sweep
+    from bayesgate.models.store.directory import load_model
+
     device = pick_device(args.device)
     models = [load_model(d, device) for d in args.models]
     if not args.append:  # --append merges into them: replacing is what was asked for

@@ -1,4 +1,11 @@
-"""``bayesgate detect-eval`` and ``bayesgate adaptive-eval``: a fitted detector, test split."""
+"""``bayesgate detect-eval`` and ``bayesgate adaptive-eval``: a fitted detector, test split.
+
+The parsers' defaults and choices — the attacks and OOD sets of
+:mod:`~bayesgate.attacks.detect_eval` and :mod:`~bayesgate.attacks.ood`,
+:class:`~bayesgate.attacks.adaptive_eval.AdaptiveSettings`'s values — are written out here rather
+than read from those modules: they import torch, which ``--help`` and a refused flag should not
+wait for (~3 s). tests/test_cli_imports.py checks that they are the same.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +15,38 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bayesgate.attacks.specs import spec_needs
 from bayesgate.errors import InvalidArgument, check_at_least, writable_dir
+from bayesgate.extras import Need
 from bayesgate.listflags import list_flag
 from bayesgate.models.device import DEVICE_CHOICES, add_threads_flag, pick_device, set_threads
 from bayesgate.models.store.bundled import READ_MODEL_HELP, model_to_read
 from bayesgate.outputs import note_replacing
+
+EVAL_ATTACKS = (
+    "fgs:eta=0.1",
+    "fgs:eta=0.2",
+    "fgs:eta=0.3",
+    "targeted:steps=40,eta=0.01",
+    "pgd:eps=0.3,eps_iter=0.01,steps=40",
+    "cw",
+    "square:eps=0.3,queries=1000",
+)
+"""= :data:`bayesgate.attacks.detect_eval.EVAL_ATTACKS`, what ``detect-eval`` runs by default."""
+OOD_SETS = (
+    "uniform",
+    "gaussian",
+    "rotated",
+    "inverted",
+    "rotated45",
+    "rotated180",
+    "shifted",
+    "blurred",
+    "letters",
+)
+"""= the names of :data:`bayesgate.attacks.ood.OOD_SETS`."""
+DEFAULT_OOD = ("uniform", "gaussian", "rotated", "inverted")
+"""= :data:`bayesgate.attacks.ood.DEFAULT_OOD`."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -40,9 +74,6 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _register_detect_eval(sub: argparse._SubParsersAction) -> None:
-    from bayesgate.attacks.detect_eval import EVAL_ATTACKS
-    from bayesgate.attacks.ood import DEFAULT_OOD, OOD_SETS
-
     p = sub.add_parser(
         "detect-eval",
         help="every detector score (and the fused one) vs seen/unseen attacks and OOD inputs",
@@ -63,7 +94,7 @@ def _register_detect_eval(sub: argparse._SubParsersAction) -> None:
         "--ood",
         nargs="*",
         default=list(DEFAULT_OOD),
-        choices=tuple(OOD_SETS),
+        choices=OOD_SETS,
         help="OOD sets (default: %(default)s, the four of issue 15; the fresh ones are opt-in)",
     )
     p.set_defaults(
@@ -75,24 +106,18 @@ def _register_detect_eval(sub: argparse._SubParsersAction) -> None:
 
 
 def _detect_eval_needs(args: argparse.Namespace) -> list[Any]:
-    from bayesgate.attacks.specs import spec_needs
-    from bayesgate.extras import Need
-
     return [*spec_needs(args.attacks), Need("matplotlib", "the ROC plot")]
 
 
 def _register_adaptive_eval(sub: argparse._SubParsersAction) -> None:
-    from bayesgate.attacks.adaptive_eval import AdaptiveSettings
-
-    d = AdaptiveSettings()
     p = sub.add_parser(
         "adaptive-eval", help="adaptive white-box PGD against the fused detector (and plain PGD)"
     )
     _common(p)
-    p.add_argument("--limit", type=int, default=d.limit, help="first N test images")
-    list_flag(p, "--eps", item=float, default=list(d.eps), metavar="EPS", help="L∞ radii")
+    p.add_argument("--limit", type=int, default=500, help="first N test images")
+    list_flag(p, "--eps", item=float, default=[0.1, 0.2, 0.3], metavar="EPS", help="L∞ radii")
     list_flag(
-        p, "--weights", item=float, default=list(d.weights), metavar="WEIGHT", help="λ values"
+        p, "--weights", item=float, default=[0.1, 1.0, 10.0], metavar="WEIGHT", help="λ values"
     )
     list_flag(
         p,
@@ -103,20 +128,20 @@ def _register_adaptive_eval(sub: argparse._SubParsersAction) -> None:
         metavar="WEIGHT",
         help="also run the detector term from step 0 at these λ (shows the pinning failure)",
     )
-    p.add_argument("--steps", type=int, default=d.steps, help="PGD steps")
-    p.add_argument("--kappa", type=float, default=d.kappa, help="margin κ (nats)")
-    p.add_argument("--delta", type=float, default=d.delta, help="detector margin δ")
+    p.add_argument("--steps", type=int, default=100, help="PGD steps")
+    p.add_argument("--kappa", type=float, default=1.0, help="margin κ (nats)")
+    p.add_argument("--delta", type=float, default=0.5, help="detector margin δ")
     p.add_argument(
         "--optimizer",
         choices=("pgd", "apgd"),
-        default=d.optimizer,
+        default="pgd",
         help="pgd: fixed steps of ε/25; apgd: Auto-PGD's step schedule and momentum "
         "(Croce & Hein 2020), the stronger optimiser",
     )
     p.add_argument(
         "--restarts",
         type=int,
-        default=d.restarts,
+        default=1,
         help="with --optimizer apgd: runs from new random starts on the digits not yet found",
     )
     p.set_defaults(
@@ -162,10 +187,10 @@ def _attack_limits(items: list[str]) -> dict[str, int]:
 
 
 def cmd_detect_eval(args: argparse.Namespace) -> int:
-    from bayesgate.attacks.detect_eval import EvalSettings, evaluate_detector
+    check_common(args)
+    from bayesgate.attacks.detect_eval import EvalSettings, evaluate_detector  # torch
     from bayesgate.attacks.detect_report import detect_eval_paths, write_detect_eval
 
-    check_common(args)
     settings = EvalSettings(
         attacks=tuple(args.attacks),
         ood=tuple(args.ood),
@@ -204,15 +229,15 @@ def cmd_detect_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_adaptive_eval(args: argparse.Namespace) -> int:
-    from bayesgate.attacks.adaptive_eval import (
+    check_common(args)
+    _check_adaptive_flags(args)
+    from bayesgate.attacks.adaptive_eval import (  # torch
         AdaptiveSettings,
         adaptive_paths,
         evaluate_adaptive,
         write_adaptive,
     )
 
-    check_common(args)
-    _check_adaptive_flags(args)
     try:  # the settings check themselves; their message becomes the one-line CLI error
         settings = AdaptiveSettings(
             eps=tuple(args.eps),

@@ -2,6 +2,11 @@
 
 A MODEL is a model directory (``card.json`` + weights) or a training checkpoint directory
 (``checkpoint.json`` of ``bayesgate train``, so a run still training can be evaluated).
+
+The evaluation's modules (torch) are imported when the command runs; the parser's defaults and
+choices of :mod:`~bayesgate.attacks.robust_eval` (:data:`ROBUST_ATTACKS`, the radii of
+:class:`~bayesgate.attacks.robust_eval.RobustSettings`) are written out here, so that ``--help``
+does not wait ~3 s for torch; tests/test_cli_imports.py checks that they are the same.
 """
 
 from __future__ import annotations
@@ -11,18 +16,25 @@ import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from torch import nn
-
-from bayesgate.attacks.robust_adaptive import adaptive_detector_step
-from bayesgate.attacks.robust_eval import ROBUST_ATTACKS, RobustSettings
 from bayesgate.errors import InvalidArgument, check_at_least, writable_dir
 from bayesgate.extras import Need
 from bayesgate.listflags import list_flag
 from bayesgate.models.device import add_threads_flag, pick_device, set_threads
 from bayesgate.models.store.bundled import model_to_read
 from bayesgate.outputs import note_replacing
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from bayesgate.attacks.robust_eval import RobustSettings
+
+ROBUST_ATTACKS = ("pgd", "apgd-ce", "apgd-dlr")
+"""= :data:`bayesgate.attacks.robust_eval.ROBUST_ATTACKS` (the default of ``--attacks`` too)."""
+DEFAULT_EPS = (0.1, 0.2, 0.3)
+"""= :class:`~bayesgate.attacks.robust_eval.RobustSettings`'s ``eps``."""
 
 ADAPTIVE_WEIGHTS = (0.1, 1.0, 10.0)
 """Default detector weights λ of the adaptive attack (``--adaptive-weights``)."""
@@ -40,8 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="model or training checkpoint directories, or bundled models' names "
         "(bayesgate-robust, bayesgate-cnn)",
     )
-    d = RobustSettings()
-    list_flag(p, "--eps", item=float, default=list(d.eps), metavar="EPS", help="L∞ radii")
+    list_flag(p, "--eps", item=float, default=list(DEFAULT_EPS), metavar="EPS", help="L∞ radii")
     p.add_argument("--n", type=int, default=1000, help="first N test digits")
     p.add_argument("--out", type=Path, required=True, help="output directory (also the cache)")
     p.add_argument("--pgd-steps", type=int, default=100, help="steps of each PGD run")
@@ -52,7 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     list_flag(
         p,
         "--attacks",
-        default=list(d.attacks),
+        default=list(ROBUST_ATTACKS),
         metavar="NAME",
         help=f"attacks, worst of ({', '.join(ROBUST_ATTACKS)})",
     )
@@ -76,6 +87,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_evaluate_robust(args: argparse.Namespace) -> int:
     from bayesgate.attacks.evaluate_cli import print_report
+    from bayesgate.attacks.robust_adaptive import adaptive_detector_step
     from bayesgate.attacks.robust_eval import BatchCache, evaluate_robust, model_key
     from bayesgate.attacks.robust_report import output_paths, write_outputs
     from bayesgate.models.data.mnist import load_mnist
@@ -114,6 +126,8 @@ def cmd_evaluate_robust(args: argparse.Namespace) -> int:
 
 
 def _settings(args: argparse.Namespace) -> RobustSettings:
+    from bayesgate.attacks.robust_eval import RobustSettings  # its checks import torch
+
     return RobustSettings(
         eps=tuple(args.eps),
         n=args.n,

@@ -6,39 +6,61 @@ ones take the class's defaults. Examples: ``fgs:eta=0.3``,
 ``targeted:steps=40,eta=0.01,target=0``, ``pgd:eps=0.3``, ``cw:iterations=100``. An attack's
 :attr:`~bayesgate.attacks.methods.Attack.key` is the canonical spec (every parameter), and
 ``parse_attack(attack.key) == attack``.
+
+Names, parameters, defaults and checks come from the attacks' torch-free parameter declarations
+(:data:`~bayesgate.attacks.methods.parameters.ATTACK_PARAMETERS`): :func:`parse_parameters`,
+:func:`spec_needs` and :func:`spec_help` do not import torch, so the command line's help and its
+refusal of a bad spec answer at once; :func:`parse_attack` and :func:`build_attack` check the
+same way, then import the attack classes (torch) to build the attack.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bayesgate.attacks.methods import ATTACKS, Attack
-from bayesgate.attacks.methods.base import parameter_defaults
+from bayesgate.attacks.methods.parameters import (
+    ATTACK_PARAMETERS,
+    AttackParameters,
+    parameter_defaults,
+)
 from bayesgate.errors import InvalidArgument
 from bayesgate.extras import Need
+
+if TYPE_CHECKING:
+    from bayesgate.attacks.methods import Attack
 
 DEFAULT_ATTACKS = ("fgs:eta=0.1", "fgs:eta=0.2", "fgs:eta=0.3", "targeted:steps=40,eta=0.01")
 """What ``bayesgate calibrate`` evaluates unless told otherwise (PGD and CW are opt-in)."""
 
 
-def attack_class(name: str) -> type[Attack]:
-    """The registered class of ``name``; the error lists the registered names."""
+def parameters_class(name: str) -> type[AttackParameters]:
+    """The registered parameters class of ``name``; the error lists the registered names."""
     try:
-        return ATTACKS[name]
+        return ATTACK_PARAMETERS[name]
     except KeyError:
         raise InvalidArgument(
-            f"unknown attack {name!r}; choose one of {', '.join(ATTACKS)}"
+            f"unknown attack {name!r}; choose one of {', '.join(ATTACK_PARAMETERS)}"
         ) from None
 
 
-def build_attack(name: str, params: Mapping[str, Any] | None = None) -> Attack:
-    """``name``'s attack with ``params`` (strings or values; the rest default).
+def attack_class(name: str) -> type[Attack]:
+    """The registered class of ``name`` (imports the attacks: torch); the error lists the
+    registered names."""
+    parameters_class(name)
+    from bayesgate.attacks.methods import ATTACKS
+
+    return ATTACKS[name]
+
+
+def build_parameters(name: str, params: Mapping[str, Any] | None = None) -> AttackParameters:
+    """``name``'s parameters with ``params`` (strings or values; the rest default), checked,
+    without torch.
 
     Unknown parameters are an error listing the known ones; values are converted to the
     parameter's type and range-checked by the class.
     """
-    cls = attack_class(name)
+    cls = parameters_class(name)
     params = dict(params or {})
     known = parameter_defaults(cls)
     unknown = sorted(set(params) - set(known))
@@ -50,6 +72,16 @@ def build_attack(name: str, params: Mapping[str, Any] | None = None) -> Attack:
     return cls(**params)
 
 
+def build_attack(name: str, params: Mapping[str, Any] | None = None) -> Attack:
+    """``name``'s attack with ``params``: :func:`build_parameters`'s checks, then the attack."""
+    return attack_of(build_parameters(name, params))
+
+
+def attack_of(parameters: AttackParameters) -> Attack:
+    """The attack (its class imports torch) with these checked parameters."""
+    return attack_class(parameters.name)(**parameters.params)
+
+
 def spec_needs(specs: Sequence[str]) -> list[Need]:
     """The optional modules the attacks named by ``specs`` import when they run (cleverhans for
     FGS, targeted, PGD and CW), found from the names alone: a spec that does not parse needs
@@ -57,13 +89,14 @@ def spec_needs(specs: Sequence[str]) -> list[Need]:
     needs = []
     for spec in specs:
         name = spec.strip().partition(":")[0].strip()
-        cls = ATTACKS.get(name)
+        cls = ATTACK_PARAMETERS.get(name)
         needs += [Need(module, f"attack {name}") for module in (cls.requires if cls else ())]
     return needs
 
 
-def parse_attack(text: str) -> Attack:
-    """Parse ``NAME[:key=value,…]`` (see the module docstring)."""
+def parse_parameters(text: str) -> AttackParameters:
+    """Parse ``NAME[:key=value,…]`` (see the module docstring) into the attack's checked
+    parameters, without torch."""
     name, _, rest = text.strip().partition(":")
     params: dict[str, Any] = {}
     for item in filter(None, (s.strip() for s in rest.split(","))):
@@ -71,7 +104,12 @@ def parse_attack(text: str) -> Attack:
         if not sep or not key.strip():
             raise InvalidArgument(f"attack {text!r}: expected key=value, got {item!r}")
         params[key.strip()] = value.strip()
-    return build_attack(name.strip(), params)
+    return build_parameters(name.strip(), params)
+
+
+def parse_attack(text: str) -> Attack:
+    """Parse ``NAME[:key=value,…]`` (see the module docstring) into the attack."""
+    return attack_of(parse_parameters(text))
 
 
 def parse_attacks(texts: Sequence[str]) -> list[Attack]:
@@ -90,5 +128,5 @@ def spec_help() -> str:
     """One line per registered attack, ``name: key=default, …`` (for ``--help``)."""
     return "; ".join(
         f"{name}: " + ", ".join(f"{k}={v}" for k, v in parameter_defaults(cls).items())
-        for name, cls in ATTACKS.items()
+        for name, cls in ATTACK_PARAMETERS.items()
     )

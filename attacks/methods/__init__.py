@@ -1,9 +1,13 @@
 """The attacks, one class per module, and the registry that names them.
 
 :data:`ATTACKS` maps a spec name to its class; the spec parser (:mod:`bayesgate.attacks.specs`),
-:func:`bayesgate.attacks.run.run_attack` and the CLI read it and nothing else. Adding an attack is
-one class (a frozen dataclass deriving from :class:`Attack`, in its own module here) and one entry
-in the :func:`attack_registry` call below.
+:func:`bayesgate.attacks.run.run_attack` and the CLI read it and nothing else. Each attack's
+parameters (fields, defaults, checks, label) are declared without torch in
+:mod:`.parameters` (:data:`ATTACK_PARAMETERS`), which the command line's parsers read; the class
+here derives from them and adds the computation. Adding an attack is its parameters class and one
+entry in :data:`ATTACK_PARAMETERS` (:mod:`.parameters`), and its class (deriving from the
+parameters class and :class:`Attack`, in its own module here) and one entry in the
+:func:`attack_registry` call of :mod:`.registry` (the two tables are checked against each other).
 
 | name | class | what |
 |---|---|---|
@@ -16,35 +20,66 @@ in the :func:`attack_registry` call below.
 | ``square`` | :class:`Square` | black-box L∞ Square Attack (queries only, no gradients) |
 
 cleverhans is imported when an attack runs, so parsing specs and building the CLI work without the
-``[attacks]`` extra.
+``[attacks]`` extra. The names below are imported on first use: importing :mod:`.parameters`
+(which ``bayesgate attack --help`` does) must not import the attack classes, which import torch.
 """
 
 from __future__ import annotations
 
-from bayesgate.attacks.methods.apgd import APGD
-from bayesgate.attacks.methods.base import Attack, AttackInput, StepCallback, attack_registry
-from bayesgate.attacks.methods.cw import CWL2
-from bayesgate.attacks.methods.fgs import FGS
-from bayesgate.attacks.methods.pgd import PGD
-from bayesgate.attacks.methods.pgd_restarts import PGDRestarts
-from bayesgate.attacks.methods.square import Square
-from bayesgate.attacks.methods.targeted import TargetedFGS
+import importlib
+from typing import TYPE_CHECKING, Any
 
-ATTACKS: dict[str, type[Attack]] = attack_registry(
-    FGS, TargetedFGS, PGD, CWL2, APGD, PGDRestarts, Square
-)
-"""Spec name → attack class, in the order help texts list them."""
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time, __getattr__ below
+    from bayesgate.attacks.methods.apgd import APGD
+    from bayesgate.attacks.methods.base import Attack, AttackInput, StepCallback
+    from bayesgate.attacks.methods.cw import CWL2
+    from bayesgate.attacks.methods.fgs import FGS
+    from bayesgate.attacks.methods.parameters import ATTACK_PARAMETERS, AttackParameters
+    from bayesgate.attacks.methods.pgd import PGD
+    from bayesgate.attacks.methods.pgd_restarts import PGDRestarts
+    from bayesgate.attacks.methods.registry import ATTACKS
+    from bayesgate.attacks.methods.square import Square
+    from bayesgate.attacks.methods.targeted import TargetedFGS
 
-__all__ = [
+_SOURCES = {
+    "APGD": "apgd",
+    "ATTACKS": "registry",
+    "ATTACK_PARAMETERS": "parameters",
+    "Attack": "base",
+    "AttackInput": "base",
+    "AttackParameters": "parameters",
+    "CWL2": "cw",
+    "FGS": "fgs",
+    "PGD": "pgd",
+    "PGDRestarts": "pgd_restarts",
+    "Square": "square",
+    "StepCallback": "base",
+    "TargetedFGS": "targeted",
+}
+
+__all__ = [  # the names of _SOURCES (a test checks that each resolves)
     "APGD",
     "ATTACKS",
+    "ATTACK_PARAMETERS",
     "CWL2",
     "FGS",
     "PGD",
     "Attack",
     "AttackInput",
+    "AttackParameters",
     "PGDRestarts",
     "Square",
     "StepCallback",
     "TargetedFGS",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    source = _SOURCES.get(name)
+    if source is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{source}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_SOURCES})

@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 
 from bayesgate.attacks.losses import LOSSES, AttackLoss
-from bayesgate.attacks.methods.base import Attack, AttackInput, check
+from bayesgate.attacks.methods.base import Attack, AttackInput
+from bayesgate.attacks.methods.parameters import APGDParameters
 from bayesgate.attacks.model_fn import ModelFn
 from bayesgate.models.training.adversarial import project_linf
 
@@ -55,34 +55,10 @@ def apgd_checkpoints(n_iter: int) -> list[int]:
 
 
 @dataclass(frozen=True)
-class APGD(Attack):
+class APGD(APGDParameters, Attack):
     """APGD-CE (``loss="ce"``) or APGD-DLR (``loss="dlr"``), ``steps`` gradient queries of the
-    model function (the MC log-predictive: fresh masks per query), the algorithm above."""
-
-    name: ClassVar[str] = "apgd"
-
-    eps: float = 0.3
-    """L∞ radius ε."""
-    steps: int = 100
-    """Gradient queries N (the checkpoints are fractions of it)."""
-    loss: str = "ce"
-    """``ce`` (cross-entropy) or ``dlr`` (difference of logits ratio)."""
-
-    def check(self) -> None:
-        check(0.0 < self.eps <= 1.0, f"apgd eps must be in (0, 1], got {self.eps}")
-        check(self.steps >= 1, f"apgd steps must be ≥ 1, got {self.steps}")
-        check(
-            self.loss in LOSSES,
-            f"apgd loss must be one of {', '.join(LOSSES)}, got {self.loss!r}",
-        )
-
-    @property
-    def linf_radius(self) -> float:
-        return self.eps
-
-    @property
-    def label(self) -> str:
-        return f"APGD-{self.loss.upper()}-{self.steps} ε={self.eps:g}"
+    model function (the MC log-predictive: fresh masks per query), the algorithm above. Its
+    parameters are declared in :class:`~bayesgate.attacks.methods.parameters.APGDParameters`."""
 
     def perturb(self, batch: AttackInput) -> torch.Tensor:
         run = APGDRun(

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 
-from bayesgate.attacks.methods.base import CLIP_MAX, CLIP_MIN, Attack, AttackInput, check
+from bayesgate.attacks.methods.base import CLIP_MAX, CLIP_MIN, Attack, AttackInput
+from bayesgate.attacks.methods.parameters import CWL2Parameters
 
 
 @dataclass(frozen=True)
-class CWL2(Attack):
+class CWL2(CWL2Parameters, Attack):
     """Carlini–Wagner L2 on ``log p̄`` as logits.
 
     Minimises ``‖x' − x‖²₂ + c·max(log p̄(y|x') − max_{c'≠y} log p̄(c'|x') + κ, 0)`` over
@@ -20,32 +20,8 @@ class CWL2(Attack):
     defaults are cut down from the paper's (1000 iterations, 9 binary steps) for CPU time. The
     margin ``κ = confidence = 1`` nat matters for dropout nets: with ``κ = 0`` the attack stops on
     the decision boundary of *one* draw of masks, and fresh masks put most such images back.
+    Its parameters are declared in :class:`~bayesgate.attacks.methods.parameters.CWL2Parameters`.
     """
-
-    name: ClassVar[str] = "cw"
-    requires: ClassVar[tuple[str, ...]] = ("cleverhans",)
-    slow: ClassVar[bool] = True
-
-    iterations: int = 100
-    """Adam iterations per binary-search step."""
-    binary_steps: int = 3
-    """Binary-search steps on the constant c."""
-    lr: float = 0.1
-    """Adam learning rate."""
-    const: float = 10.0
-    """Initial constant c."""
-    confidence: float = 1.0
-    """Margin κ in nats of ``log p̄``."""
-
-    def check(self) -> None:
-        check(self.iterations >= 1, f"cw iterations must be ≥ 1, got {self.iterations}")
-        check(self.binary_steps >= 1, f"cw binary_steps must be ≥ 1, got {self.binary_steps}")
-        check(self.lr > 0 and self.const > 0, "cw lr and const must be > 0")
-        check(self.confidence >= 0, f"cw confidence must be ≥ 0, got {self.confidence}")
-
-    @property
-    def label(self) -> str:
-        return f"CW-L2 κ={self.confidence:g}"
 
     def perturb(self, batch: AttackInput) -> torch.Tensor:
         from cleverhans.torch.attacks.carlini_wagner_l2 import carlini_wagner_l2

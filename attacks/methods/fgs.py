@@ -3,38 +3,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import numpy as np
 import torch
 
-from bayesgate.attacks.methods.base import CLIP_MAX, CLIP_MIN, Attack, AttackInput, check
+from bayesgate.attacks.methods.base import CLIP_MAX, CLIP_MIN, Attack, AttackInput
+from bayesgate.attacks.methods.parameters import FGSParameters
 
 
 @dataclass(frozen=True)
-class FGS(Attack):
+class FGS(FGSParameters, Attack):
     """``x' = clip(x − η·sgn ∇_x log p̄(y|x), 0, 1)``, ``y`` the model's own prediction.
 
     cleverhans' ``fast_gradient_method`` (L∞, untargeted) ascends ``−log p̄(y|x)``, i.e. descends
-    ``log p̄(y|x)`` — the same update. ``eta = 0`` returns the images unchanged.
+    ``log p̄(y|x)`` — the same update. ``eta = 0`` returns the images unchanged. Its parameter
+    (``eta``) is declared in :class:`~bayesgate.attacks.methods.parameters.FGSParameters`.
     """
-
-    name: ClassVar[str] = "fgs"
-    requires: ClassVar[tuple[str, ...]] = ("cleverhans",)
-
-    eta: float = 0.2
-    """Step size η (the L∞ radius of the one step)."""
-
-    def check(self) -> None:
-        check(0.0 <= self.eta <= 1.0, f"fgs eta must be in [0, 1], got {self.eta}")
-
-    @property
-    def linf_radius(self) -> float:
-        return self.eta
-
-    @property
-    def label(self) -> str:
-        return f"FGS η={self.eta:g}"
 
     def perturb(self, batch: AttackInput) -> torch.Tensor:
         from cleverhans.torch.attacks.fast_gradient_method import fast_gradient_method

@@ -5,49 +5,24 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import ClassVar
 
 import numpy as np
 import torch
 
-from bayesgate.attacks.methods.base import CLIP_MAX, CLIP_MIN, Attack, AttackInput, check
+from bayesgate.attacks.methods.base import CLIP_MAX, CLIP_MIN, Attack, AttackInput
+from bayesgate.attacks.methods.parameters import PGDParameters
 
 
 @dataclass(frozen=True)
-class PGD(Attack):
+class PGD(PGDParameters, Attack):
     """Start uniformly in the ε-ball, then ``steps`` projected FGS steps of ``eps_iter``.
 
     ``x_0 = clip(x + U(−ε, ε))``; ``x_t = clip(Π_ε(x_{t−1} − eps_iter·sgn ∇ log p̄(y|x_{t−1})))``
     with ``Π_ε`` the projection onto ``‖· − x‖_∞ ≤ ε``. cleverhans draws the random start from
     torch's global RNG; the attack lends it the state of ``generator`` (and takes the advanced
     state back), so the start comes from ``generator`` and the caller's global RNG is untouched.
+    Its parameters are declared in :class:`~bayesgate.attacks.methods.parameters.PGDParameters`.
     """
-
-    name: ClassVar[str] = "pgd"
-    requires: ClassVar[tuple[str, ...]] = ("cleverhans",)
-
-    eps: float = 0.3
-    """L∞ radius ε."""
-    eps_iter: float = 0.01
-    """Step size."""
-    steps: int = 40
-    """Number of steps after the random start."""
-
-    def check(self) -> None:
-        check(0.0 < self.eps <= 1.0, f"pgd eps must be in (0, 1], got {self.eps}")
-        check(
-            0.0 < self.eps_iter <= self.eps,
-            f"pgd needs 0 < eps_iter ≤ eps, got eps_iter={self.eps_iter}, eps={self.eps}",
-        )
-        check(self.steps >= 1, f"pgd steps must be ≥ 1, got {self.steps}")
-
-    @property
-    def linf_radius(self) -> float:
-        return self.eps
-
-    @property
-    def label(self) -> str:
-        return f"PGD ε={self.eps:g}"
 
     def perturb(self, batch: AttackInput) -> torch.Tensor:
         with global_rng_from(batch.generator, batch.x.device):

@@ -12,46 +12,22 @@ still classifies correctly, and replaces it when it reaches a larger loss.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 
 from bayesgate.attacks.losses import cross_entropy_loss
 from bayesgate.attacks.methods.apgd import BestIterate
-from bayesgate.attacks.methods.base import Attack, AttackInput, check
+from bayesgate.attacks.methods.base import Attack, AttackInput
+from bayesgate.attacks.methods.parameters import PGDRestartsParameters
 from bayesgate.attacks.model_fn import ModelFn
 from bayesgate.models.training.adversarial import linf_ascent_step, project_linf
 
 
 @dataclass(frozen=True)
-class PGDRestarts(Attack):
+class PGDRestarts(PGDRestartsParameters, Attack):
     """PGD-``steps`` × ``restarts`` on the cross-entropy of the model function, the robust
-    evaluation's PGD (the module docstring)."""
-
-    name: ClassVar[str] = "pgd-restarts"
-
-    eps: float = 0.3
-    """L∞ radius ε."""
-    eps_iter: float = 0.01
-    """Step size (ε/30 at the default ε)."""
-    steps: int = 100
-    """Steps per restart."""
-    restarts: int = 5
-    """Random restarts."""
-
-    def check(self) -> None:
-        check(0.0 < self.eps <= 1.0, f"pgd-restarts eps must be in (0, 1], got {self.eps}")
-        check(self.eps_iter > 0, f"pgd-restarts eps_iter must be > 0, got {self.eps_iter}")
-        check(self.steps >= 1, f"pgd-restarts steps must be ≥ 1, got {self.steps}")
-        check(self.restarts >= 1, f"pgd-restarts restarts must be ≥ 1, got {self.restarts}")
-
-    @property
-    def linf_radius(self) -> float:
-        return self.eps
-
-    @property
-    def label(self) -> str:
-        return f"PGD-{self.steps} × {self.restarts} ε={self.eps:g}"
+    evaluation's PGD (the module docstring). Its parameters are declared in
+    :class:`~bayesgate.attacks.methods.parameters.PGDRestartsParameters`."""
 
     def perturb(self, batch: AttackInput) -> torch.Tensor:
         x, y = batch.x.detach(), batch.y

@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 
-from bayesgate.attacks.methods.base import CLIP_MAX, CLIP_MIN, Attack, AttackInput, check
+from bayesgate.attacks.methods.base import CLIP_MAX, CLIP_MIN, Attack, AttackInput
+from bayesgate.attacks.methods.parameters import SquareParameters
 from bayesgate.attacks.model_fn import ModelFn
 
 # iteration (out of 10 000) after which p_init is halved once more; the reference schedule
@@ -55,39 +55,14 @@ def margin(log_probs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class Square(Attack):
+class Square(SquareParameters, Attack):
     """Untargeted L∞ Square Attack: radius ``eps``, at most ``queries`` queries per image, initial
     fraction ``p_init`` of pixels per square, stop margin ``confidence`` (nats).
 
     ``model_fn`` is only ever called without autograd; the windows and signs come from the
-    batch's ``generator`` (drawn on the CPU).
+    batch's ``generator`` (drawn on the CPU). Its parameters are declared in
+    :class:`~bayesgate.attacks.methods.parameters.SquareParameters`.
     """
-
-    name: ClassVar[str] = "square"
-    slow: ClassVar[bool] = True
-
-    eps: float = 0.3
-    """L∞ radius ε."""
-    queries: int = 1000
-    """Query budget per image (the initialisation included)."""
-    p_init: float = 0.3
-    """Initial fraction of pixels a square covers (the paper's MNIST value)."""
-    confidence: float = 1.0
-    """Stop attacking an image once its best margin is below −confidence."""
-
-    def check(self) -> None:
-        check(0.0 < self.eps <= 1.0, f"square eps must be in (0, 1], got {self.eps}")
-        check(self.queries >= 1, f"square queries must be ≥ 1, got {self.queries}")
-        check(0.0 < self.p_init <= 1.0, f"square p_init must be in (0, 1], got {self.p_init}")
-        check(self.confidence >= 0, f"square confidence must be ≥ 0, got {self.confidence}")
-
-    @property
-    def linf_radius(self) -> float:
-        return self.eps
-
-    @property
-    def label(self) -> str:
-        return f"Square ε={self.eps:g}, {self.queries} queries"
 
     def perturb(self, batch: AttackInput) -> torch.Tensor:
         if batch.x.dim() != 4:

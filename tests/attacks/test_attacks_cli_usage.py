@@ -62,7 +62,7 @@ def test_attack_takes_either_form_alone(
     flags: list[str], name: str, params: dict[str, Any]
 ) -> None:
     args = build_parser().parse_args(["attack", "m", "--out", "x.npz", *flags])
-    attack = attacks_cli._attack(args)
+    attack = attacks_cli._attack_parameters(args)
     assert attack.name == name
     assert {key: getattr(attack, key) for key in params} == params
 

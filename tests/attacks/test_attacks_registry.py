@@ -1,6 +1,7 @@
 """The attack registry: every registered attack is built from its spec, round-trips, stays in
-[0, 1] and in its ε-ball; a new attack is one class plus one registry entry for the spec parser,
-``run_attack`` and the CLI alike."""
+[0, 1] and in its ε-ball; a new attack is its class (its parameters and its computation) in the
+two registries — the torch-free parameters' (:data:`ATTACK_PARAMETERS`, which the CLI reads) and
+the attacks' (:data:`ATTACKS`) — for the spec parser, ``run_attack`` and the CLI alike."""
 
 from __future__ import annotations
 
@@ -15,11 +16,20 @@ import numpy as np
 import pytest
 import torch
 
+from bayesgate.attacks import losses
 from bayesgate.attacks.methods import ATTACKS, CWL2, FGS, PGD, Attack, AttackInput, TargetedFGS
-from bayesgate.attacks.methods.base import attack_registry, check, parameter_defaults
+from bayesgate.attacks.methods.base import attack_registry
+from bayesgate.attacks.methods.parameters import (
+    APGD_LOSSES,
+    ATTACK_PARAMETERS,
+    FGSParameters,
+    check,
+    parameter_defaults,
+)
+from bayesgate.attacks.methods.registry import check_implements
 from bayesgate.attacks.model_fn import log_predictive_fn
 from bayesgate.attacks.run import run_attack
-from bayesgate.attacks.specs import build_attack, parse_attack
+from bayesgate.attacks.specs import build_attack, parse_attack, parse_parameters
 from bayesgate.cli import main
 from bayesgate.models.networks.registry import build_network, preset_architecture
 
@@ -131,7 +141,32 @@ def test_every_attack_stays_in_the_box_and_its_ball(name: str) -> None:
     assert not torch.equal(adv, x) or name == "cw"  # CW may leave every image alone
 
 
-# --- a new attack: one class and one registry entry ---------------------------------------------
+def test_each_attack_class_is_built_on_its_declared_parameters() -> None:
+    """One declaration per parameter: ``ATTACKS`` names the attacks of ``ATTACK_PARAMETERS``, in
+    its order, each class deriving from its parameters class and adding no parameter; a spec
+    checked without torch (:func:`parse_parameters`) builds the same attack."""
+    assert list(ATTACKS) == list(ATTACK_PARAMETERS)
+    for name, cls in ATTACKS.items():
+        declared = ATTACK_PARAMETERS[name]
+        assert issubclass(cls, declared) and issubclass(cls, Attack)
+        assert parameter_defaults(cls) == parameter_defaults(declared)
+        for attr in ("name", "targeted", "slow", "requires"):
+            assert getattr(cls, attr) == getattr(declared, attr)
+        parameters = parse_parameters(EXAMPLES[name])
+        assert type(parameters) is declared
+        assert parse_attack(EXAMPLES[name]).params == parameters.params
+        assert parse_attack(EXAMPLES[name]).key == parameters.key
+    assert tuple(losses.LOSSES) == APGD_LOSSES  # the losses APGD ascends: its declared choices
+
+
+def test_the_two_registries_cannot_drift_apart() -> None:
+    with pytest.raises(TypeError, match="not those whose parameters are declared"):
+        check_implements({"fgs": FGS}, {"fgs": FGSParameters, "pgd": ATTACK_PARAMETERS["pgd"]})
+    with pytest.raises(TypeError, match="PGD must derive from FGSParameters"):
+        check_implements({"fgs": PGD}, {"fgs": FGSParameters})
+
+
+# --- a new attack: one class in both registries --------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +196,8 @@ class UniformNoise(Attack):
 
 @pytest.fixture
 def with_noise(monkeypatch: pytest.MonkeyPatch) -> None:
+    # an Attack is its own parameters class (the real ones split theirs out, torch-free)
+    monkeypatch.setitem(ATTACK_PARAMETERS, UniformNoise.name, UniformNoise)
     monkeypatch.setitem(ATTACKS, UniformNoise.name, UniformNoise)
 
 
