@@ -5,6 +5,11 @@ AdversarialBatch` as the trainer's batch transform; every epoch the clean and PG
 first ``--monitor-size`` validation images are added to the epoch's log line, and
 ``--epoch-log FILE`` appends every epoch's row as one JSON line (a resumed run continues the
 file).
+
+The training modules (torch) are imported by the functions that use them, so ``train``'s parser
+(:func:`add_arguments`) and its checks (:func:`check_arguments`) need no torch; the methods it
+offers are written out here (:data:`ADVERSARIAL_METHODS`, checked against their source by
+tests/test_cli_imports.py).
 """
 
 from __future__ import annotations
@@ -13,19 +18,17 @@ import argparse
 import json
 import math
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from bayesgate.errors import InvalidArgument
-from bayesgate.models.training.adversarial import (
-    ADVERSARIAL_METHODS,
-    AdversarialBatch,
-    AdversarialConfig,
-    monitor_accuracy,
-)
-from bayesgate.models.training.checkpoint import read_checkpoint
 
+if TYPE_CHECKING:
+    import torch
+
+    from bayesgate.models.training.adversarial import AdversarialBatch, AdversarialConfig
+
+ADVERSARIAL_METHODS = ("pgd", "fgsm-rs")
+"""= :data:`bayesgate.models.training.adversarial.ADVERSARIAL_METHODS`."""
 ADVERSARIAL_DEFAULTS: dict[str, Any] = {
     "eps": 0.3,
     "attack_steps": 7,
@@ -123,6 +126,7 @@ def adversarial_config(args: argparse.Namespace, alpha: float) -> AdversarialCon
     """The inner-attack settings, or None without ``--adversarial``."""
     if args.adversarial is None:
         return None
+    from bayesgate.models.training.adversarial import AdversarialConfig
 
     def value(key: str) -> Any:
         given = getattr(args, key, None)
@@ -149,6 +153,9 @@ def batch_transform(
     resume: bool,
 ) -> AdversarialBatch:
     """The transform, its ε ramp continued from the checkpoint's epochs when resuming."""
+    from bayesgate.models.training.adversarial import AdversarialBatch
+    from bayesgate.models.training.checkpoint import read_checkpoint
+
     steps_per_epoch = math.ceil(train_images / batch_size)
     epochs_done = 0
     found = read_checkpoint(Path(checkpoint_dir)) if resume else None
@@ -177,6 +184,8 @@ class EpochLog:
 
     def __call__(self, row: dict[str, float]) -> None:
         if self.config is not None and self.monitor_data is not None:
+            from bayesgate.models.training.adversarial import monitor_accuracy
+
             x, y = (t.to(self.device) for t in self.monitor_data)
             row.update(monitor_accuracy(self.model, x, y, self.config, k=self.k))
         line = json.dumps({key: round(v, 5) for key, v in row.items()})

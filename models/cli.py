@@ -1,4 +1,12 @@
-"""``bayesgate train`` and ``bayesgate evaluate``."""
+"""``bayesgate train`` and ``bayesgate evaluate``.
+
+Building their parsers imports no torch, so ``--help`` and argparse's refusals answer in a fraction
+of a second instead of after torch's ~3 s import: the networks, the trainer and the model store
+(all torch) are imported inside the functions that run the commands. The choices and defaults the
+parsers show — the presets, losses, optimisers, learning-rate schedules, BBB sampling modes and
+the validation size — are therefore written out here rather than imported from those modules;
+tests/test_cli_imports.py checks that each is the same as its source.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +15,7 @@ import json
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from bayesgate.errors import (
     InvalidArgument,
@@ -19,38 +25,46 @@ from bayesgate.errors import (
     writable_file,
 )
 from bayesgate.models import adversarial_cli
-from bayesgate.models.data.mnist import DEFAULT_VAL_SIZE
 from bayesgate.models.device import DEVICE_CHOICES, add_threads_flag, pick_device, set_threads
-from bayesgate.models.networks.bbb.layers import SAMPLING_MODES
-from bayesgate.models.networks.registry import build_network, preset_architecture, preset_names
 from bayesgate.models.store import bundled
 from bayesgate.models.store.bundled import READ_MODEL_HELP, resolve_model_dir
-from bayesgate.models.store.checks import served_name_problem
-from bayesgate.models.store.directory import (
-    CALIBRATION_FILE,
-    CARD_FILE,
-    ModelCard,
-    load_model,
-    read_card,
-    save_model,
-    write_card,
+
+if TYPE_CHECKING:
+    import torch
+
+    from bayesgate.models.store.card import ModelCard
+    from bayesgate.models.store.directory import LoadedModel
+    from bayesgate.models.training.adversarial import AdversarialConfig
+    from bayesgate.models.training.checkpoint import Checkpointing
+    from bayesgate.models.training.train import TrainConfig, TrainResult
+
+# What the parsers show, from modules that import torch (the test named above compares them):
+PRESET_NAMES = (  # bayesgate.models.networks.registry.preset_names(bbb=True)
+    "mlp-3x1000",
+    "mlp-3x1000-det",
+    "mlp-4x1024",
+    "mlp-4x1024-det",
+    "mlp-2x100",
+    "mlp-2x100-det",
+    "mlp-2x32",
+    "mlp-2x32-det",
+    "cnn",
+    "cnn-det",
+    "cnn-wide",
+    "cnn-wide-det",
+    "bbb-lenet5",
+    "bbb-alexnet",
 )
-from bayesgate.models.training import outputs as run_outputs
-from bayesgate.models.training.adversarial import AdversarialConfig
-from bayesgate.models.training.checkpoint import STATE_FILE, Checkpointing, finished_run_in
-from bayesgate.models.training.train import (
-    LOSSES,
-    LR_SCHEDULES,
-    OPTIMIZERS,
-    TrainConfig,
-    TrainResult,
-    train,
-)
+LOSSES = ("bbalpha", "elbo")  # bayesgate.models.training.train.LOSSES
+OPTIMIZERS = ("adam", "sgd")  # bayesgate.models.training.train.OPTIMIZERS
+LR_SCHEDULES = ("constant", "cosine")  # bayesgate.models.training.train.LR_SCHEDULES
+SAMPLING_MODES = ("local", "weights")  # bayesgate.models.networks.bbb.layers.SAMPLING_MODES
+DEFAULT_VAL_SIZE = 10_000  # bayesgate.models.data.mnist.DEFAULT_VAL_SIZE
 
 DEFAULT_MOMENTUM = 0.9
 DEFAULT_BETA_SCHEDULE = "blundell"
 STALE_FILES = (
-    CALIBRATION_FILE,
+    "calibration.json",  # bayesgate.models.store.directory: CALIBRATION_FILE
     "calibration.md",  # bayesgate.attacks.report: REPORT_FILE, ROC_FILE, HIST_FILE (matplotlib)
     "calibration_roc.png",
     "calibration_hist.png",
@@ -59,6 +73,24 @@ STALE_FILES = (
 )
 """What ``calibrate`` and ``fit-detector`` write beside the weights: they belong to those weights,
 so ``train --force`` removes them when it replaces the model."""
+
+
+# The trainer and the model loader stay names of this module, which the commands call (and tests
+# replace, to see that a refused command never reaches them), imported on the first call (torch).
+
+
+def train(*args: Any, **kwargs: Any) -> TrainResult:
+    """:func:`bayesgate.models.training.train.train`, imported on the first call (torch)."""
+    from bayesgate.models.training.train import train
+
+    return train(*args, **kwargs)
+
+
+def load_model(*args: Any, **kwargs: Any) -> LoadedModel:
+    """:func:`bayesgate.models.store.directory.load_model`, imported on the first call (torch)."""
+    from bayesgate.models.store.directory import load_model
+
+    return load_model(*args, **kwargs)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -87,7 +119,7 @@ def _network_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--preset",
         default="mlp-2x100",
-        choices=preset_names(bbb=True),
+        choices=PRESET_NAMES,
         help="network preset (default %(default)s); bbb-* = Bayes-by-Backprop CNNs",
     )
     p.add_argument(
@@ -222,7 +254,14 @@ def _add_evaluate_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    import torch
+
     from bayesgate.models.data.mnist import load_mnist
+    from bayesgate.models.networks.registry import build_network
+    from bayesgate.models.store.checks import served_name_problem
+    from bayesgate.models.store.directory import CARD_FILE, save_model
+    from bayesgate.models.training import outputs as run_outputs
+    from bayesgate.models.training.checkpoint import STATE_FILE, finished_run_in
 
     config = _train_config(args)
     check_at_least("--limit", args.limit)
@@ -308,6 +347,8 @@ def _check_run_wrote(checkpoint_dir: Path, out: Path, weights_sha256: str) -> No
     """``--resume`` into an ``--out`` holding a model of the same name: refuse (one line) unless
     the checkpoint's run wrote that model there (:mod:`~bayesgate.models.training.outputs`);
     a checkpoint that keeps no record (older than the record) is trusted, with a note."""
+    from bayesgate.models.training import outputs as run_outputs
+
     wrote = run_outputs.wrote(checkpoint_dir, out, weights_sha256)
     if wrote is None:
         print(f"--resume: the checkpoint in {checkpoint_dir} keeps no record of the models it "
@@ -327,6 +368,8 @@ def _check_run_wrote(checkpoint_dir: Path, out: Path, weights_sha256: str) -> No
 def check_out(out: Path, force: bool) -> None:
     """Refuse (one line) an output directory that already holds a model, unless ``force``: its
     calibration and detector would stay beside weights they were not made for."""
+    from bayesgate.models.store.directory import CARD_FILE
+
     if (out / CARD_FILE).is_file() and not force:
         raise InvalidArgument(
             f"--out {out} already holds a model ({CARD_FILE}); its calibration and detector "
@@ -338,6 +381,8 @@ def check_out(out: Path, force: bool) -> None:
 
 def readable_card(out: Path) -> ModelCard | None:
     """``out``'s model card, or None when it does not read."""
+    from bayesgate.models.store.directory import read_card
+
     try:
         return read_card(out)
     except ModelStoreError:
@@ -361,6 +406,8 @@ def _checkpointing(
     args: argparse.Namespace, name: str, arch: dict[str, Any], adversarial: AdversarialConfig | None
 ) -> Checkpointing:
     """Where the per-epoch checkpoint goes, and the settings a resumed run must match."""
+    from bayesgate.models.training.checkpoint import Checkpointing
+
     return Checkpointing(
         directory=args.checkpoint_dir or checkpoint_root() / name,
         resume=args.resume,
@@ -435,6 +482,9 @@ def _train_config(args: argparse.Namespace) -> TrainConfig:
     (``--momentum`` without SGD, ``--beta-schedule`` without a bbb-* preset) is refused rather
     than recorded unused — a checkpoint would then refuse a later run over a setting that never
     mattered. Its default stays accepted everywhere: every card's recorded command names it."""
+    from bayesgate.models.networks.registry import preset_architecture
+    from bayesgate.models.training.train import TrainConfig
+
     if args.momentum != DEFAULT_MOMENTUM and args.optimizer != "sgd":
         raise InvalidArgument(
             f"--momentum applies to --optimizer sgd only, not {args.optimizer} (got "
@@ -467,6 +517,8 @@ def _train_config(args: argparse.Namespace) -> TrainConfig:
 
 def _architecture(args: argparse.Namespace) -> dict[str, Any]:
     """The preset's architecture with ``--p`` and (bbb-* presets only) ``--sampling`` applied."""
+    from bayesgate.models.networks.registry import preset_architecture
+
     arch = preset_architecture(args.preset, p=args.p)
     if args.sampling is not None:
         if "sampling" not in arch:
@@ -487,6 +539,7 @@ def _model_card(
     device: torch.device,
 ) -> ModelCard:
     from bayesgate.models.data.mnist import mnist_fingerprint
+    from bayesgate.models.store.card import ModelCard
 
     card = ModelCard(
         name=name,
@@ -514,10 +567,6 @@ def _model_card(
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from bayesgate.models.data.mnist import load_mnist
-    from bayesgate.models.mc.uncertainty import kwon_uncertainty
-    from bayesgate.models.training.evaluate import collect_mc, metrics_from_mc
-
     for flag in ("k", "limit", "batch_size"):
         check_at_least("--" + flag.replace("_", "-"), getattr(args, flag))
     check_at_least("--seed", args.seed, minimum=0)
@@ -525,6 +574,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         _check_card_writable(args)
     if args.json:
         writable_file(args.json, "--json")
+    from bayesgate.models.data.mnist import load_mnist  # torch: after the checks above
+    from bayesgate.models.mc.uncertainty import kwon_uncertainty
+    from bayesgate.models.store.directory import write_card
+    from bayesgate.models.training.evaluate import collect_mc, metrics_from_mc
+
     # a bundled model's name reads the bundled model; --write-card writes into a directory only
     model_dir = args.model if args.write_card else resolve_model_dir(args.model)
     set_threads(args.threads)

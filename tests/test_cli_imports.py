@@ -1,12 +1,17 @@
 """``bayesgate``'s command table: a broken import of our own code fails loudly; only a missing
-optional dependency turns a subcommand into an 'unavailable' note."""
+optional dependency turns a subcommand into an 'unavailable' note. Every command's ``--help``,
+and the flags its command refuses before the work, answer without importing torch (~3 s): the
+parsers' choices and defaults written out in the CLI modules are compared with their sources."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
+import json
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -95,12 +100,126 @@ def test_a_command_imports_only_its_own_module() -> None:
     ]
 
 
-def test_the_stores_lazy_names_all_resolve() -> None:
-    import bayesgate.models.store as store
-
-    for name in store.__all__:
-        assert getattr(store, name).__name__ == name
-        assert name in dir(store)
+@pytest.mark.parametrize(
+    "package", ["bayesgate.models.store", "bayesgate.models.data", "bayesgate.attacks.methods"]
+)
+def test_a_lazy_packages_names_all_resolve(package: str) -> None:
+    lazy = importlib.import_module(package)
+    for name in lazy.__all__:
+        value = getattr(lazy, name)
+        source = importlib.import_module(f"{package}.{lazy._SOURCES[name]}")
+        assert value is getattr(source, name)
+        assert name in dir(lazy)
     with pytest.raises(AttributeError, match="has no attribute 'Nope'"):
-        store.Nope  # noqa: B018
-    assert sorted(store.__all__) == sorted(store._SOURCES)
+        lazy.Nope  # noqa: B018
+    assert sorted(lazy.__all__) == sorted(lazy._SOURCES)
+
+
+def _run_without_torch(argv: list[str]) -> tuple[int, str, bool]:
+    """``bayesgate ARGV`` in a fresh interpreter: its exit code, its stderr and whether torch
+    was imported."""
+    code = (
+        "import sys, contextlib, io, json\n"
+        "from bayesgate.cli import main\n"
+        "err = io.StringIO()\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):\n"
+        "    try:\n"
+        f"        code = main({argv!r})\n"
+        "    except SystemExit as exc:\n"
+        "        code = exc.code\n"
+        "print(json.dumps([code, err.getvalue(), 'torch' in sys.modules]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    exit_code, err, torch_imported = json.loads(done.stdout)
+    return exit_code, err, torch_imported
+
+
+@pytest.mark.parametrize("command", list(cli.COMMANDS))
+def test_every_commands_help_leaves_torch_unimported(command: str) -> None:
+    """``bayesgate COMMAND --help`` builds the command's parsers without torch: fails when a CLI
+    module (or a package ``__init__`` on its way) imports torch at module level again."""
+    exit_code, err, torch_imported = _run_without_torch([command, "--help"])
+    assert exit_code == 0, err
+    assert not torch_imported
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["train", "--epochs", "ten"], "argument --epochs: invalid int value: 'ten'"),
+        (["train", "--preset", "nope"], "argument --preset: invalid choice: 'nope'"),
+        (["evaluate", "m", "--k", "0"], "--k must be ≥ 1, got 0"),
+        (["fetch-data", "--timeout", "0"], "--timeout must be > 0 seconds, got 0"),
+        (["attack", "m", "--out", "a.npz", "--eps", "2", "--attack", "pgd"], "pgd eps must be"),
+        (["attack", "m", "--out", "a.npz", "--spec", "nope"], "unknown attack 'nope'"),
+        (["attack", "m", "--out", "a.npz", "--steps", "3"], "attack 'fgs' has no parameter"),
+        (["calibrate", "m", "--val-limit", "0"], "--val-limit must be ≥ 1, got 0"),
+        (["fit-detector", "m", "--k", "0"], "--k must be ≥ 1, got 0"),
+        (["sweep", "m", "--figure", "6", "--k", "0"], "--k must be ≥ 1, got 0"),
+        (["detect-eval", "m", "--out", "o", "--limit", "0"], "--limit must be ≥ 1, got 0"),
+        (["adaptive-eval", "m", "--out", "o", "--k", "0"], "--k must be ≥ 1, got 0"),
+        (["predict", "m", "x.png", "--seed", "-1"], "--seed must be ≥ 0, got -1"),
+    ],
+)
+def test_refused_flags_answer_without_torch(argv: list[str], error: str) -> None:
+    """A flag the command line refuses before any work (argparse's own checks, the commands'
+    checks that precede loading anything) costs no torch import."""
+    exit_code, err, torch_imported = _run_without_torch(argv)
+    assert exit_code == 2 and error in err, err
+    assert not torch_imported
+
+
+def test_the_parsers_choices_are_their_sources() -> None:
+    """The choices and defaults the CLI modules write out (to build their parsers without torch)
+    are those of the modules that use them."""
+    from bayesgate.attacks import cli as attacks_cli
+    from bayesgate.attacks import detect_eval, evaluate_cli, ood, robust_cli, robust_eval
+    from bayesgate.models import adversarial_cli
+    from bayesgate.models import cli as models_cli
+    from bayesgate.models.data import mnist
+    from bayesgate.models.mc import uncertainty
+    from bayesgate.models.networks import registry
+    from bayesgate.models.networks.bbb import layers
+    from bayesgate.models.store import directory
+    from bayesgate.models.training import adversarial, train
+
+    assert tuple(registry.preset_names(bbb=True)) == models_cli.PRESET_NAMES
+    assert models_cli.LOSSES == train.LOSSES
+    assert models_cli.OPTIMIZERS == train.OPTIMIZERS
+    assert models_cli.LR_SCHEDULES == train.LR_SCHEDULES
+    assert models_cli.SAMPLING_MODES == layers.SAMPLING_MODES
+    assert models_cli.DEFAULT_VAL_SIZE == mnist.DEFAULT_VAL_SIZE
+    assert directory.CALIBRATION_FILE in models_cli.STALE_FILES
+    assert adversarial_cli.ADVERSARIAL_METHODS == adversarial.ADVERSARIAL_METHODS
+    assert tuple(uncertainty.SCORES) == attacks_cli.SCORES
+    assert evaluate_cli.EVAL_ATTACKS == detect_eval.EVAL_ATTACKS
+    assert tuple(ood.OOD_SETS) == evaluate_cli.OOD_SETS
+    assert evaluate_cli.DEFAULT_OOD == ood.DEFAULT_OOD
+    assert robust_cli.ROBUST_ATTACKS == robust_eval.ROBUST_ATTACKS
+
+
+def _settings(name: str) -> Any:
+    module, _, cls = name.rpartition(".")
+    return getattr(importlib.import_module(module), cls)
+
+
+@pytest.mark.parametrize(
+    ("command", "settings"),
+    [
+        ("fit-detector", "bayesgate.attacks.detector_fit.FitSettings"),
+        ("adaptive-eval", "bayesgate.attacks.adaptive_eval.AdaptiveSettings"),
+        ("evaluate-robust", "bayesgate.attacks.robust_eval.RobustSettings"),
+    ],
+)
+def test_a_commands_defaults_are_its_settings_defaults(command: str, settings: str) -> None:
+    """Each field of the settings a command builds has a flag whose default (what ``--help``
+    shows) is the field's default, written out in the parser rather than read from the
+    settings class (whose module imports torch)."""
+    parser = cli.subcommand_parsers(cli.build_parser(command))[command]
+    defaults = {a.dest: a.default for a in parser._actions}
+    for field in dataclasses.fields(_settings(settings)):
+        assert field.name in defaults, f"{command} has no flag for {field.name}"
+        default = defaults[field.name]
+        expected = field.default
+        assert (tuple(default) if isinstance(default, list) else default) == expected, field.name

@@ -46,11 +46,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_fetch_data(args: argparse.Namespace) -> int:
     from bayesgate.errors import InvalidArgument
-    from bayesgate.models.data.download import download_mnist, present_file_problem
-    from bayesgate.models.data.mnist import MNIST_FILES, DataError, find_mnist_file, mnist_dir
 
     if not args.timeout > 0:
         raise InvalidArgument(f"--timeout must be > 0 seconds, got {args.timeout:g}")
+    from bayesgate.models.data.download import download_mnist, present_file_problem
+    from bayesgate.models.data.mnist import MNIST_FILES, DataError, find_mnist_file, mnist_dir
+
     folder = mnist_dir(args.data_dir)
     before = {n for n in MNIST_FILES if find_mnist_file(folder, n) is not None}
     replaced = {}
