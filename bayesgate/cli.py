@@ -11,9 +11,11 @@ A command whose work needs an optional module (an extra of ``pyproject.toml``) d
 error before the command starts. Every subcommand's ``--help`` shows each flag's default.
 
 ``bayesgate COMMAND …`` imports only the module of COMMAND (:data:`COMMANDS`); the other
-commands are listed by name and help line alone, so ``bayesgate --help`` and a command whose
-module does not import torch (``serve``: its setting checks run before torch loads) answer in a
-fraction of a second instead of after torch's ~3 s import. :func:`build_parser` without a
+commands are listed by name and help line alone. No command module imports torch to build its
+parser: the commands import it when they run, after the flags they can check without it. So
+``bayesgate --help``, ``bayesgate COMMAND --help`` and a refused flag answer in a fraction of a
+second instead of after torch's ~3 s import (``tests/test_cli_imports.py`` checks every
+command's ``--help`` in a fresh interpreter). :func:`build_parser` without a
 command builds every parser (the tests, and the docs' command check, read them all);
 ``tests/test_cli_imports.py`` checks that :data:`COMMANDS` names each command, its module and
 its help line exactly as the modules register them.
