@@ -26,8 +26,9 @@ cleverhans is imported when an attack runs, so parsing specs and building the CL
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from bayesgate.lazy import lazy_names
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time, __getattr__ below
     from bayesgate.attacks.methods.apgd import APGD
@@ -73,13 +74,4 @@ __all__ = [  # the names of _SOURCES (a test checks that each resolves)
     "TargetedFGS",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    source = _SOURCES.get(name)
-    if source is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{source}"), name)
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_SOURCES})
+__getattr__, __dir__ = lazy_names(__name__, _SOURCES, globals())

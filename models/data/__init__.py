@@ -9,8 +9,9 @@ answers in a fraction of a second instead of after torch's ~3 s import."""
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from bayesgate.lazy import lazy_names
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time, __getattr__ below
     from bayesgate.models.data.mnist import (
@@ -45,13 +46,4 @@ __all__ = [  # the names of _SOURCES (a test checks that each resolves)
     "mnist_fingerprint",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    source = _SOURCES.get(name)
-    if source is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{source}"), name)
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_SOURCES})
+__getattr__, __dir__ = lazy_names(__name__, _SOURCES, globals())
