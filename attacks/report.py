@@ -9,10 +9,7 @@ from typing import Any
 from bayesgate.attacks.calibrate import SCORE_LABELS, CalibrationRun
 from bayesgate.attacks.plots import histogram_plot, roc_plot
 from bayesgate.models.store.calibration import Calibration
-
-REPORT_FILE = "calibration.md"
-ROC_FILE = "calibration_roc.png"
-HIST_FILE = "calibration_hist.png"
+from bayesgate.models.store.files import HIST_FILE, REPORT_FILE, ROC_FILE
 
 
 def fmt(value: Any, digits: int = 3) -> str:

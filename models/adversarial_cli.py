@@ -7,9 +7,9 @@ first ``--monitor-size`` validation images are added to the epoch's log line, an
 file).
 
 The training modules (torch) are imported by the functions that use them, so ``train``'s parser
-(:func:`add_arguments`) and its checks (:func:`check_arguments`) need no torch; the methods it
-offers are written out here (:data:`ADVERSARIAL_METHODS`, checked against their source by
-tests/test_cli_imports.py).
+(:func:`add_arguments`) and its checks (:func:`check_arguments`, :func:`adversarial_config`) need
+no torch: the methods it offers and the settings it checks come from the torch-free
+:mod:`~bayesgate.models.training.adversarial_config`.
 """
 
 from __future__ import annotations
@@ -21,24 +21,27 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bayesgate.errors import InvalidArgument
+from bayesgate.models.training.adversarial_config import ADVERSARIAL_METHODS, AdversarialConfig
 
 if TYPE_CHECKING:
     import torch
 
-    from bayesgate.models.training.adversarial import AdversarialBatch, AdversarialConfig
-
-ADVERSARIAL_METHODS = ("pgd", "fgsm-rs")
-"""= :data:`bayesgate.models.training.adversarial.ADVERSARIAL_METHODS`."""
-ADVERSARIAL_DEFAULTS: dict[str, Any] = {
-    "eps": 0.3,
-    "attack_steps": 7,
-    "attack_step_size": None,  # AdversarialConfig's: from ε, the steps and the method
-    "eps_ramp_epochs": 0.0,
-    "clean_mix": 0.0,
-    "attack_k": 1,
-    "monitor_size": 500,
+    from bayesgate.models.training.adversarial import AdversarialBatch
+FIELDS = {
+    "eps": "eps",
+    "attack_steps": "steps",
+    "attack_step_size": "step_size",  # default None: from ε, the steps and the method
+    "eps_ramp_epochs": "eps_ramp_epochs",
+    "clean_mix": "clean_mix",
+    "attack_k": "attack_k",
+    "monitor_size": "monitor_size",
 }
-"""The options that apply with ``--adversarial`` only, and their values when not given."""
+"""The options that apply with ``--adversarial`` only, and the :class:`AdversarialConfig` field
+each sets."""
+ADVERSARIAL_DEFAULTS: dict[str, Any] = {
+    key: getattr(AdversarialConfig(), field) for key, field in FIELDS.items()
+}
+"""Those options' values when not given: :class:`AdversarialConfig`'s defaults."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -126,23 +129,10 @@ def adversarial_config(args: argparse.Namespace, alpha: float) -> AdversarialCon
     """The inner-attack settings, or None without ``--adversarial``."""
     if args.adversarial is None:
         return None
-    from bayesgate.models.training.adversarial import AdversarialConfig
 
-    def value(key: str) -> Any:
-        given = getattr(args, key, None)
-        return ADVERSARIAL_DEFAULTS[key] if given is None else given
-
-    return AdversarialConfig(
-        method=args.adversarial,
-        eps=value("eps"),
-        steps=value("attack_steps"),
-        step_size=value("attack_step_size"),
-        eps_ramp_epochs=value("eps_ramp_epochs"),
-        clean_mix=value("clean_mix"),
-        attack_k=value("attack_k"),
-        alpha=alpha,
-        monitor_size=value("monitor_size"),
-    )
+    given = {field: getattr(args, key, None) for key, field in FIELDS.items()}
+    settings = {field: value for field, value in given.items() if value is not None}
+    return AdversarialConfig(method=args.adversarial, alpha=alpha, **settings)  # the rest default
 
 
 def batch_transform(

@@ -1,11 +1,13 @@
 """``bayesgate train`` and ``bayesgate evaluate``.
 
-Building their parsers imports no torch, so ``--help`` and argparse's refusals answer in a fraction
-of a second instead of after torch's ~3 s import: the networks, the trainer and the model store
-(all torch) are imported inside the functions that run the commands. The choices and defaults the
-parsers show — the presets, losses, optimisers, learning-rate schedules, BBB sampling modes and
-the validation size — are therefore written out here rather than imported from those modules;
-tests/test_cli_imports.py checks that each is the same as its source.
+Building their parsers, and checking the flags ``train`` refuses before any work, imports no
+torch, so ``--help`` and a refused flag answer in a fraction of a second instead of after torch's
+~3 s import: the choices and defaults the parsers show — the presets, losses, optimisers,
+learning-rate schedules, BBB sampling modes and the validation size — and the settings ``train``
+checks come from torch-free modules (:mod:`~bayesgate.models.networks.presets`,
+:mod:`~bayesgate.models.training.config`, :mod:`~bayesgate.models.training.adversarial_config`,
+:mod:`~bayesgate.models.data.splits`, :mod:`~bayesgate.models.store.files`); the networks, the
+trainer and the model store (all torch) are imported inside the functions that run the commands.
 """
 
 from __future__ import annotations
@@ -25,51 +27,40 @@ from bayesgate.errors import (
     writable_file,
 )
 from bayesgate.models import adversarial_cli
+from bayesgate.models.data.splits import DEFAULT_VAL_SIZE
 from bayesgate.models.device import DEVICE_CHOICES, add_threads_flag, pick_device, set_threads
+from bayesgate.models.networks.presets import SAMPLING_MODES, preset_architecture, preset_names
 from bayesgate.models.store import bundled
 from bayesgate.models.store.bundled import READ_MODEL_HELP, resolve_model_dir
+from bayesgate.models.store.files import (
+    CALIBRATION_FILE,
+    CARD_FILE,
+    DETECTOR_JSON,
+    DETECTOR_TENSORS,
+    HIST_FILE,
+    REPORT_FILE,
+    ROC_FILE,
+)
+from bayesgate.models.training.config import LOSSES, LR_SCHEDULES, OPTIMIZERS, TrainConfig
 
 if TYPE_CHECKING:
     import torch
 
     from bayesgate.models.store.card import ModelCard
     from bayesgate.models.store.directory import LoadedModel
-    from bayesgate.models.training.adversarial import AdversarialConfig
+    from bayesgate.models.training.adversarial_config import AdversarialConfig
     from bayesgate.models.training.checkpoint import Checkpointing
-    from bayesgate.models.training.train import TrainConfig, TrainResult
-
-# What the parsers show, from modules that import torch (the test named above compares them):
-PRESET_NAMES = (  # bayesgate.models.networks.registry.preset_names(bbb=True)
-    "mlp-3x1000",
-    "mlp-3x1000-det",
-    "mlp-4x1024",
-    "mlp-4x1024-det",
-    "mlp-2x100",
-    "mlp-2x100-det",
-    "mlp-2x32",
-    "mlp-2x32-det",
-    "cnn",
-    "cnn-det",
-    "cnn-wide",
-    "cnn-wide-det",
-    "bbb-lenet5",
-    "bbb-alexnet",
-)
-LOSSES = ("bbalpha", "elbo")  # bayesgate.models.training.train.LOSSES
-OPTIMIZERS = ("adam", "sgd")  # bayesgate.models.training.train.OPTIMIZERS
-LR_SCHEDULES = ("constant", "cosine")  # bayesgate.models.training.train.LR_SCHEDULES
-SAMPLING_MODES = ("local", "weights")  # bayesgate.models.networks.bbb.layers.SAMPLING_MODES
-DEFAULT_VAL_SIZE = 10_000  # bayesgate.models.data.mnist.DEFAULT_VAL_SIZE
+    from bayesgate.models.training.train import TrainResult
 
 DEFAULT_MOMENTUM = 0.9
 DEFAULT_BETA_SCHEDULE = "blundell"
 STALE_FILES = (
-    "calibration.json",  # bayesgate.models.store.directory: CALIBRATION_FILE
-    "calibration.md",  # bayesgate.attacks.report: REPORT_FILE, ROC_FILE, HIST_FILE (matplotlib)
-    "calibration_roc.png",
-    "calibration_hist.png",
-    "detector.json",  # bayesgate.models.detection.store: DETECTOR_JSON, DETECTOR_TENSORS
-    "detector.safetensors",
+    CALIBRATION_FILE,
+    REPORT_FILE,
+    ROC_FILE,
+    HIST_FILE,
+    DETECTOR_JSON,
+    DETECTOR_TENSORS,
 )
 """What ``calibrate`` and ``fit-detector`` write beside the weights: they belong to those weights,
 so ``train --force`` removes them when it replaces the model."""
@@ -119,7 +110,7 @@ def _network_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--preset",
         default="mlp-2x100",
-        choices=PRESET_NAMES,
+        choices=preset_names(bbb=True),
         help="network preset (default %(default)s); bbb-* = Bayes-by-Backprop CNNs",
     )
     p.add_argument(
@@ -254,15 +245,7 @@ def _add_evaluate_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    import torch
-
-    from bayesgate.models.data.mnist import load_mnist
-    from bayesgate.models.networks.registry import build_network
-    from bayesgate.models.store.checks import served_name_problem
-    from bayesgate.models.store.directory import CARD_FILE, save_model
-    from bayesgate.models.training import outputs as run_outputs
-    from bayesgate.models.training.checkpoint import STATE_FILE, finished_run_in
-
+    # the settings first: a value they refuse costs no torch import
     config = _train_config(args)
     check_at_least("--limit", args.limit)
     adversarial_cli.check_arguments(args)
@@ -272,15 +255,24 @@ def cmd_train(args: argparse.Namespace) -> int:
             f"{flag} needs validation data: it watches the validation "
             "log-likelihood, and --val-size 0 holds none out"
         )
+    arch = _architecture(args)
+    adversarial = adversarial_cli.adversarial_config(args, config.alpha)
     set_threads(args.threads)
     device = pick_device(args.device)
-    arch = _architecture(args)
+    import torch
+
+    from bayesgate.models.data.mnist import load_mnist
+    from bayesgate.models.networks.registry import build_network
+    from bayesgate.models.store.checks import served_name_problem
+    from bayesgate.models.store.directory import save_model
+    from bayesgate.models.training import outputs as run_outputs
+    from bayesgate.models.training.checkpoint import STATE_FILE, finished_run_in
+
     suffix = "elbo" if args.loss == "elbo" else f"alpha{config.alpha:g}"
     name = args.name or (f"{args.preset}" if not arch["stochastic"] else f"{args.preset}-{suffix}")
     if (problem := served_name_problem(name)) is not None:  # `serve` would refuse the model
         raise InvalidArgument(f"--name: {problem}")
     out = args.out or Path("runs") / name
-    adversarial = adversarial_cli.adversarial_config(args, config.alpha)
     checkpointing = _checkpointing(args, name, arch, adversarial)
     # where the run writes, checked before the training (not after it)
     writable_dir(out, "--out")
@@ -368,8 +360,6 @@ def _check_run_wrote(checkpoint_dir: Path, out: Path, weights_sha256: str) -> No
 def check_out(out: Path, force: bool) -> None:
     """Refuse (one line) an output directory that already holds a model, unless ``force``: its
     calibration and detector would stay beside weights they were not made for."""
-    from bayesgate.models.store.directory import CARD_FILE
-
     if (out / CARD_FILE).is_file() and not force:
         raise InvalidArgument(
             f"--out {out} already holds a model ({CARD_FILE}); its calibration and detector "
@@ -482,9 +472,6 @@ def _train_config(args: argparse.Namespace) -> TrainConfig:
     (``--momentum`` without SGD, ``--beta-schedule`` without a bbb-* preset) is refused rather
     than recorded unused — a checkpoint would then refuse a later run over a setting that never
     mattered. Its default stays accepted everywhere: every card's recorded command names it."""
-    from bayesgate.models.networks.registry import preset_architecture
-    from bayesgate.models.training.train import TrainConfig
-
     if args.momentum != DEFAULT_MOMENTUM and args.optimizer != "sgd":
         raise InvalidArgument(
             f"--momentum applies to --optimizer sgd only, not {args.optimizer} (got "
@@ -517,8 +504,6 @@ def _train_config(args: argparse.Namespace) -> TrainConfig:
 
 def _architecture(args: argparse.Namespace) -> dict[str, Any]:
     """The preset's architecture with ``--p`` and (bbb-* presets only) ``--sampling`` applied."""
-    from bayesgate.models.networks.registry import preset_architecture
-
     arch = preset_architecture(args.preset, p=args.p)
     if args.sampling is not None:
         if "sampling" not in arch:

@@ -24,6 +24,7 @@ from typing import IO, Any
 
 from bayesgate.errors import InvalidArgument, check_at_least, writable_file
 from bayesgate.models.device import DEVICE_CHOICES, add_threads_flag, set_threads
+from bayesgate.models.mc.options import MAX_SEED
 from bayesgate.models.store.bundled import READ_MODEL_HELP, model_to_read
 from bayesgate.outputs import note_replacing, write_atomically
 
@@ -112,13 +113,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
     for flag in ("k", "batch_size"):
         check_at_least("--" + flag.replace("_", "-"), getattr(args, flag))
     check_at_least("--seed", args.seed, minimum=0)
+    if args.seed > MAX_SEED:
+        raise InvalidArgument(f"--seed must be ≤ {MAX_SEED}, got {args.seed}")
     # imported after the checks above, which therefore answer without torch (these import it)
     from bayesgate.service.gate import Gate
     from bayesgate.service.input_files import display, read_inputs
-    from bayesgate.service.schemas import MAX_SEED
 
-    if args.seed > MAX_SEED:
-        raise InvalidArgument(f"--seed must be ≤ {MAX_SEED}, got {args.seed}")
     out = None if args.out is None or str(args.out) == "-" else args.out
     fmt = args.format or ("csv" if out is not None and out.suffix.lower() == ".csv" else "jsonl")
     if out is not None:

@@ -19,10 +19,10 @@ from fastapi import UploadFile
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 from pydantic_core import PydanticCustomError
 
+from bayesgate.models.mc.options import MAX_SEED
 from bayesgate.service.prediction import Prediction
 from bayesgate.service.settings import Settings
 
-MAX_SEED = 2**63 - 1
 MC_SAMPLES = (
     "MC dropout passes K (default: BAYESGATE_DEFAULT_MC_SAMPLES, else the flag's K: the "
     "detector's when it decides, else calibration.json's)"

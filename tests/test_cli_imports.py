@@ -1,7 +1,9 @@
 """``bayesgate``'s command table: a broken import of our own code fails loudly; only a missing
 optional dependency turns a subcommand into an 'unavailable' note. Every command's ``--help``,
-and the flags its command refuses before the work, answer without importing torch (~3 s): the
-parsers' choices and defaults written out in the CLI modules are compared with their sources."""
+and the flags (for train, uci and predict also the settings) its command refuses before the work,
+answer without importing torch (~3 s): train's, evaluate's, uci's and predict's choices, defaults
+and settings come from torch-free modules; the attack commands' choices and defaults are written
+out and compared with their sources."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import Any
 import pytest
 
 from bayesgate import cli
+from bayesgate.tables import keyed_by
 
 
 def test_broken_own_import_is_not_hidden(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -101,7 +104,14 @@ def test_a_command_imports_only_its_own_module() -> None:
 
 
 @pytest.mark.parametrize(
-    "package", ["bayesgate.models.store", "bayesgate.models.data", "bayesgate.attacks.methods"]
+    "package",
+    [
+        "bayesgate.models.store",
+        "bayesgate.models.data",
+        "bayesgate.models.mc",
+        "bayesgate.models.networks",
+        "bayesgate.attacks.methods",
+    ],
 )
 def test_a_lazy_packages_names_all_resolve(package: str) -> None:
     lazy = importlib.import_module(package)
@@ -160,38 +170,41 @@ def test_every_commands_help_leaves_torch_unimported(command: str) -> None:
         (["detect-eval", "m", "--out", "o", "--limit", "0"], "--limit must be ≥ 1, got 0"),
         (["adaptive-eval", "m", "--out", "o", "--k", "0"], "--k must be ≥ 1, got 0"),
         (["predict", "m", "x.png", "--seed", "-1"], "--seed must be ≥ 0, got -1"),
+        # the settings' own checks, made before anything is loaded (torch-free settings modules)
+        (["train", "--epochs", "-1"], "epochs must be ≥ 1, got -1"),
+        (["train", "--preset", "bbb-lenet5", "--p", "0.3"], "has no dropout"),
+        (["train", "--sampling", "local"], "--sampling applies to the bbb-* presets only"),
+        (["train", "--beta-schedule", "x", "--preset", "bbb-lenet5"], "beta schedule must be"),
+        (["train", "--adversarial", "pgd", "--eps", "2"], "eps must be in (0, 1], got 2.0"),
+        (["uci", "--dataset", "x", "--alpha", "0.5", "0.5"], "--alpha values must be distinct"),
+        (["predict", "m", "x.png", "--seed", str(2**63)], f"--seed must be ≤ {2**63 - 1}, got"),
     ],
 )
 def test_refused_flags_answer_without_torch(argv: list[str], error: str) -> None:
-    """A flag the command line refuses before any work (argparse's own checks, the commands'
-    checks that precede loading anything) costs no torch import."""
+    """A flag or setting the command line refuses before any work (argparse's own checks, the
+    commands' checks and their settings' that precede loading anything) costs no torch import."""
     exit_code, err, torch_imported = _run_without_torch(argv)
     assert exit_code == 2 and error in err, err
     assert not torch_imported
 
 
+def test_a_table_of_implementations_names_exactly_its_declared_names() -> None:
+    """The torch tables keyed by torch-free names (the uncertainty scores) are checked on import:
+    one missing, extra or out of order is an error."""
+    table = {"a": 1, "b": 2}
+    assert keyed_by(("a", "b"), table, "things") is table
+    for names in (("a",), ("a", "b", "c"), ("b", "a")):
+        with pytest.raises(TypeError, match=r"the things implemented \(a, b\) are not those"):
+            keyed_by(names, table, "things")
+
+
 def test_the_parsers_choices_are_their_sources() -> None:
-    """The choices and defaults the CLI modules write out (to build their parsers without torch)
-    are those of the modules that use them."""
+    """The choices and defaults the attack commands' CLI modules write out (to build their parsers
+    without torch) are those of the modules that use them."""
     from bayesgate.attacks import cli as attacks_cli
     from bayesgate.attacks import detect_eval, evaluate_cli, ood, robust_cli, robust_eval
-    from bayesgate.models import adversarial_cli
-    from bayesgate.models import cli as models_cli
-    from bayesgate.models.data import mnist
     from bayesgate.models.mc import uncertainty
-    from bayesgate.models.networks import registry
-    from bayesgate.models.networks.bbb import layers
-    from bayesgate.models.store import directory
-    from bayesgate.models.training import adversarial, train
 
-    assert tuple(registry.preset_names(bbb=True)) == models_cli.PRESET_NAMES
-    assert models_cli.LOSSES == train.LOSSES
-    assert models_cli.OPTIMIZERS == train.OPTIMIZERS
-    assert models_cli.LR_SCHEDULES == train.LR_SCHEDULES
-    assert models_cli.SAMPLING_MODES == layers.SAMPLING_MODES
-    assert models_cli.DEFAULT_VAL_SIZE == mnist.DEFAULT_VAL_SIZE
-    assert directory.CALIBRATION_FILE in models_cli.STALE_FILES
-    assert adversarial_cli.ADVERSARIAL_METHODS == adversarial.ADVERSARIAL_METHODS
     assert tuple(uncertainty.SCORES) == attacks_cli.SCORES
     assert evaluate_cli.EVAL_ATTACKS == detect_eval.EVAL_ATTACKS
     assert tuple(ood.OOD_SETS) == evaluate_cli.OOD_SETS

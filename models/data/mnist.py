@@ -22,14 +22,12 @@ import torch
 
 from bayesgate.errors import DataError, InvalidArgument
 from bayesgate.models.data.settings import DATA_DIR_ENV, data_settings
+from bayesgate.models.data.splits import DEFAULT_VAL_SIZE, SPLITS, TRAIN_SIZE
 
 IMAGES_MAGIC = 0x00000803  # IDX: unsigned bytes, 3 dimensions (count, rows, cols)
 LABELS_MAGIC = 0x00000801  # IDX: unsigned bytes, 1 dimension (count)
 IMAGE_SIZE = 28
 NUM_CLASSES = 10
-TRAIN_SIZE = 60_000
-DEFAULT_VAL_SIZE = 10_000
-SPLITS = ("train", "val", "test", "train+val")
 
 # The validation split ranks the 60k training indices i by the first 8 bytes (big-endian) of
 # sha256(VAL_SPLIT_SEED + i as 4 big-endian bytes) and holds out the val_size lowest ranks.

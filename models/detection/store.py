@@ -39,10 +39,9 @@ from bayesgate.models.store.directory import (
     canonical_safetensors,
     read_json_object,
 )
+from bayesgate.models.store.files import DETECTOR_JSON, DETECTOR_TENSORS
 
 DETECTOR_FORMAT = "bayesgate-detector/1"
-DETECTOR_JSON = "detector.json"
-DETECTOR_TENSORS = "detector.safetensors"
 
 
 def save_detector(detector: Detector, directory: Path | str) -> str:

@@ -11,6 +11,9 @@ import math
 
 import torch
 
+from bayesgate.models.mc.options import SCORE_NAMES
+from bayesgate.tables import keyed_by
+
 
 def _check(probs: torch.Tensor) -> None:
     if probs.dim() != 3:
@@ -116,8 +119,13 @@ def mc_log_likelihood(log_probs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(picked, dim=1) - math.log(k)
 
 
-SCORES = {
-    "predictive_entropy": predictive_entropy,
-    "mutual_information": mutual_information,
-    "variation_ratio": variation_ratio,
-}
+SCORES = keyed_by(
+    SCORE_NAMES,
+    {
+        "predictive_entropy": predictive_entropy,
+        "mutual_information": mutual_information,
+        "variation_ratio": variation_ratio,
+    },
+    "uncertainty scores",
+)
+"""Score name (:data:`~bayesgate.models.mc.options.SCORE_NAMES`) → its function."""

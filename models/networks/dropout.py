@@ -24,8 +24,7 @@ from torch import nn
 
 from bayesgate.models.mc.dropout import MCDropout
 from bayesgate.models.mc.engine import TRUNK_GRID, TRUNK_GRID_LAYER
-
-MNIST_SHAPE = (1, 28, 28)
+from bayesgate.models.networks.presets import MNIST_SHAPE
 
 
 class DropoutMLP(nn.Module):

@@ -3,8 +3,9 @@ sha256-verified, rebuilt from the card (no pickle). The card is typed (:mod:`.ca
 writing a model directory is :mod:`.directory`; the thresholds file is :mod:`.calibration`.
 
 The names below are imported on first use: importing a light submodule (``.bundled``, which the
-service's settings and ``bayesgate serve``'s checks read) does not import torch, so a setting
-that cannot work is refused in a fraction of a second instead of after torch has loaded."""
+service's settings and ``bayesgate serve``'s checks read, or ``.files``, the names of a model
+directory's files) does not import torch, so a setting that cannot work is refused in a fraction
+of a second instead of after torch has loaded."""
 
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bayesgate import models
+from bayesgate.models.store.files import CARD_FILE
 
 BUNDLED_MODELS_DIR = Path(models.__file__).parent / "pretrained"
 # The adversarially trained model: same clean accuracy as the CNN, robust at ε = 0.3, and an
@@ -23,7 +24,7 @@ DEFAULT_ALIAS = "bayesgate-default"  # names whichever bundled model is the defa
 
 def bundled_model_names() -> list[str]:
     """Names of the model directories shipped inside the package (``bayesgate-cnn``, …)."""
-    return sorted(d.name for d in BUNDLED_MODELS_DIR.iterdir() if (d / "card.json").is_file())
+    return sorted(d.name for d in BUNDLED_MODELS_DIR.iterdir() if (d / CARD_FILE).is_file())
 
 
 def resolve_model_dir(path: Path) -> Path:
@@ -35,7 +36,7 @@ def resolve_model_dir(path: Path) -> Path:
     if path.name == DEFAULT_ALIAS:
         return DEFAULT_MODEL_DIR
     bundled = BUNDLED_MODELS_DIR / path.name
-    return bundled if (bundled / "card.json").is_file() else path
+    return bundled if (bundled / CARD_FILE).is_file() else path
 
 
 def model_to_read(text: str) -> Path:

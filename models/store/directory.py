@@ -40,6 +40,7 @@ from bayesgate.models.store.checks import (
     parse_int,
     state_mismatch,
 )
+from bayesgate.models.store.files import CALIBRATION_FILE, CARD_FILE, WEIGHTS_FILE
 from bayesgate.outputs import write_atomically
 
 __all__ = [  # the card and the error are re-exported for the store's users
@@ -55,10 +56,6 @@ __all__ = [  # the card and the error are re-exported for the store's users
     "save_model",
     "write_card",
 ]
-
-WEIGHTS_FILE = "model.safetensors"
-CARD_FILE = "card.json"
-CALIBRATION_FILE = "calibration.json"
 
 
 @dataclass

@@ -3,6 +3,9 @@
 ``uci`` writes, into ``--out`` (default ``runs/uci/<dataset>``), after every split:
 ``results.csv`` (one row per split and α: chosen p and τ, validation and test metrics) and
 ``summary.json`` (settings, and per α the mean ± standard error over splits beside the paper).
+
+``uci`` checks its settings (:class:`~bayesgate.models.uci.config.UCIConfig`, torch-free) before
+it imports the data and the experiment (torch), so a value it refuses answers at once.
 """
 
 from __future__ import annotations
@@ -13,15 +16,13 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tqdm.auto import tqdm
 
 from bayesgate.errors import InvalidArgument, writable_dir, writable_file
-from bayesgate.models.device import add_threads_flag
-
-if TYPE_CHECKING:
-    from bayesgate.models.uci.experiment import UCIConfig
+from bayesgate.models.device import add_threads_flag, set_threads
+from bayesgate.models.uci.config import UCIConfig, UCIConfigError
 
 SUMMARY_FILE = "summary.json"
 RESULTS_FILE = "results.csv"
@@ -87,14 +88,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_uci(args: argparse.Namespace) -> int:
-    from bayesgate.models.device import set_threads
-    from bayesgate.models.uci.data import load_uci
-    from bayesgate.models.uci.experiment import grid_edge_counts, run_split, summarise
-
-    config = _uci_config(args)
+    config = _uci_config(args)  # its checks import no torch
     if args.out is not None:  # before the work: not a failure after a split's training
         writable_dir(args.out, "--out")
     set_threads(args.threads)
+    from bayesgate.models.uci.data import load_uci  # torch: after the checks above
+    from bayesgate.models.uci.experiment import grid_edge_counts, run_split, summarise
+
     ds = load_uci(args.dataset, args.data_dir)
     n = ds.n_splits if args.splits is None else args.splits
     if not 1 <= n <= ds.n_splits:
@@ -139,8 +139,6 @@ FLAGS = {"alphas": "--alpha"}
 
 def _uci_config(args: argparse.Namespace) -> UCIConfig:
     """The settings of ``args``; a value out of range is refused naming its flag."""
-    from bayesgate.models.uci.experiment import UCIConfigError
-
     try:
         return _config_of(args)
     except UCIConfigError as exc:
@@ -149,8 +147,6 @@ def _uci_config(args: argparse.Namespace) -> UCIConfig:
 
 
 def _config_of(args: argparse.Namespace) -> UCIConfig:
-    from bayesgate.models.uci.experiment import UCIConfig
-
     return UCIConfig(
         alphas=tuple(args.alpha),
         k_train=args.k_train,
@@ -225,8 +221,6 @@ def cmd_uci_table(args: argparse.Namespace) -> int:
 def epochs_text(settings: dict[str, Any]) -> str:
     """The epochs of a run, with its optimiser when that is not the default one
     (``400 (lr 0.001, batch 32)``), so two runs of the same length stay apart in the table."""
-    from bayesgate.models.uci.experiment import UCIConfig
-
     default = UCIConfig()
     lr, batch = settings.get("lr", default.lr), settings.get("batch_size", default.batch_size)
     if (lr, batch) == (default.lr, default.batch_size):

@@ -159,7 +159,7 @@ def test_build_network_rejects_bad_architectures() -> None:
 
 
 def test_registry_names_the_bbb_networks_it_imports_lazily() -> None:
-    from bayesgate.models.networks.bbb.networks import BAYES_NETWORK_TYPES, BAYES_PRESETS
+    from bayesgate.models.networks.bbb.networks import BAYES_NETWORK_TYPES
     from bayesgate.models.networks.registry import (
         BBB_NETWORK_TYPES,
         BBB_PRESET_NAMES,
@@ -168,7 +168,6 @@ def test_registry_names_the_bbb_networks_it_imports_lazily() -> None:
     )
 
     assert set(BBB_NETWORK_TYPES) == set(BAYES_NETWORK_TYPES)
-    assert set(BBB_PRESET_NAMES) == set(BAYES_PRESETS)
     assert set(network_types()) == {
         "dropout_mlp",
         "dropout_cnn",

@@ -44,10 +44,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from bayesgate.models.mc.dropout import mc_state
+from bayesgate.models.networks.presets import DEFAULT_PRIOR, SAMPLING_MODES
 
-SAMPLING_MODES = ("local", "weights")
 PRIOR_KINDS = ("gaussian", "scale_mixture")
-DEFAULT_PRIOR: dict[str, Any] = {"kind": "gaussian", "sigma": 0.1}
 VAR_FLOOR = 1e-16  # keeps sqrt differentiable where A²∗σ² underflows to 0 (as Shridhar's code)
 
 

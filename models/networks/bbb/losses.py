@@ -34,26 +34,8 @@ from __future__ import annotations
 
 import torch
 
-from bayesgate.errors import InvalidArgument
 from bayesgate.models.mc.losses import bbalpha_softmax_loss
-
-BETA_SCHEDULES = ("blundell", "uniform")
-
-
-def parse_beta_schedule(text: str | float) -> str | float:
-    """``"blundell"``, ``"uniform"`` or a constant β ≥ 0 (a number or its string form)."""
-    if isinstance(text, str) and text in BETA_SCHEDULES:
-        return text
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        raise InvalidArgument(
-            f"beta schedule must be one of {', '.join(BETA_SCHEDULES)} or a number ≥ 0, "
-            f"got {text!r}"
-        ) from None
-    if not value >= 0:  # also rejects NaN
-        raise InvalidArgument(f"a constant beta must be ≥ 0, got {text!r}")
-    return value
+from bayesgate.models.training.config import parse_beta_schedule
 
 
 def beta_weight(schedule: str | float, i: int, m: int) -> float:

@@ -26,16 +26,15 @@ import torch
 from torch import nn
 
 from bayesgate.models.networks.bbb.layers import (
-    DEFAULT_PRIOR,
     BayesConv2d,
     BayesLinear,
     check_sampling,
     make_prior,
     set_sampling,
 )
+from bayesgate.models.networks.presets import MNIST_SHAPE
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"softplus": nn.Softplus, "relu": nn.ReLU}
-_MNIST_SHAPE = (1, 28, 28)
 
 
 class _BayesCNN(nn.Module):
@@ -129,7 +128,7 @@ class BBBLeNet5(_BayesCNN):
 
     def __init__(
         self,
-        in_shape: Sequence[int] = _MNIST_SHAPE,
+        in_shape: Sequence[int] = MNIST_SHAPE,
         classes: int = 10,
         sampling: str = "local",
         prior: dict[str, Any] | None = None,
@@ -167,7 +166,7 @@ class BBBAlexNet(_BayesCNN):
 
     def __init__(
         self,
-        in_shape: Sequence[int] = _MNIST_SHAPE,
+        in_shape: Sequence[int] = MNIST_SHAPE,
         classes: int = 10,
         sampling: str = "local",
         prior: dict[str, Any] | None = None,
@@ -203,24 +202,4 @@ class BBBAlexNet(_BayesCNN):
 BAYES_NETWORK_TYPES: dict[str, type[nn.Module]] = {
     "bbb_lenet5": BBBLeNet5,
     "bbb_alexnet": BBBAlexNet,
-}
-
-BAYES_PRESETS: dict[str, dict[str, Any]] = {
-    "bbb-lenet5": {
-        "type": "bbb_lenet5",
-        "sampling": "local",
-        "activation": "softplus",
-        "prior": dict(DEFAULT_PRIOR),
-        "rho_init": -5.0,
-        "mu_init_std": 0.1,
-    },
-    "bbb-alexnet": {
-        "type": "bbb_alexnet",
-        "sampling": "local",
-        "activation": "softplus",
-        "prior": dict(DEFAULT_PRIOR),
-        "rho_init": -5.0,
-        "mu_init_std": 0.1,
-        "conv1_padding": 7,
-    },
 }
