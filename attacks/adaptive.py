@@ -27,35 +27,18 @@ misclassified. The verdict that counts is the caller's, on a fresh independent M
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 
+from bayesgate.attacks.adaptive_settings import AdaptivePGDParameters
 from bayesgate.attacks.methods.square import margin
-from bayesgate.errors import InvalidArgument
 
 ScoreFn = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 """``x`` (B×…) ↦ ``(log p̄(·|x) B×C, detector score B)``, differentiable, fresh masks per call."""
 
-SCHEDULES = ("misclassify-first", "joint")
 CLIP_MIN, CLIP_MAX = 0.0, 1.0
-
-
-def check_radius(name: str, value: float) -> None:
-    """:class:`InvalidArgument` naming ``name`` (a flag or parameter) unless ``value`` is an L∞
-    radius in (0, 1] (NaN and ∞ are not)."""
-    if not (math.isfinite(value) and 0.0 < value <= 1.0):
-        raise InvalidArgument(f"{name} must be in (0, 1], got {value}")
-
-
-def check_non_negative(name: str, value: float) -> None:
-    """:class:`InvalidArgument` naming ``name`` unless ``value`` is finite and ≥ 0 (a weight λ or
-    a margin κ, δ: NaN would also end up as invalid JSON in the results)."""
-    if not (math.isfinite(value) and value >= 0.0):
-        raise InvalidArgument(f"{name} must be a finite number ≥ 0, got {value}")
 
 
 def checked_images(x: torch.Tensor) -> torch.Tensor:
@@ -76,48 +59,11 @@ class AdaptiveResult:
 
 
 @dataclass(frozen=True)
-class AdaptivePGD:
+class AdaptivePGD(AdaptivePGDParameters):
     """The adaptive attack of the module docstring: radius ``eps``, ``steps`` steps of
     ``step_size`` (default ``eps/25``), detector weight ``weight`` (λ), margins ``kappa`` (κ) and
-    ``delta`` (δ), and the ``schedule`` of the detector term."""
-
-    eps: float = 0.3
-    steps: int = 100
-    step_size: float | None = None
-    weight: float = 1.0
-    kappa: float = 1.0
-    delta: float = 0.5
-    schedule: str = "misclassify-first"
-
-    optimizer: ClassVar[str] = "pgd"  # what minimises the loss (reports, cache names)
-
-    def __post_init__(self) -> None:
-        check_radius("adaptive eps", self.eps)
-        if self.steps < 1:
-            raise InvalidArgument(f"adaptive steps must be ≥ 1, got {self.steps}")
-        if self.step_size is not None and not 0.0 < self.step_size <= self.eps:
-            raise InvalidArgument(f"adaptive step_size must be in (0, eps], got {self.step_size}")
-        check_non_negative("adaptive weight", self.weight)
-        check_non_negative("adaptive kappa", self.kappa)
-        check_non_negative("adaptive delta", self.delta)
-        if self.schedule not in SCHEDULES:
-            raise InvalidArgument(
-                f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}"
-            )
-
-    @property
-    def alpha(self) -> float:
-        return self.step_size if self.step_size is not None else self.eps / 25
-
-    @property
-    def starts(self) -> int:
-        """Random starts per example (one; the APGD variant restarts)."""
-        return 1
-
-    @property
-    def cache_tag(self) -> str:
-        """What sets this attack apart in an image-cache name beyond the shared fields."""
-        return ""
+    ``delta`` (δ), and the ``schedule`` of the detector term — declared, with their checks, in
+    :class:`~bayesgate.attacks.adaptive_settings.AdaptivePGDParameters`."""
 
     def __call__(
         self,

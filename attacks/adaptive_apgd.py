@@ -22,7 +22,6 @@ run. ``first_step`` counts queries over the restarts: ``restart · steps + query
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 
@@ -34,40 +33,17 @@ from bayesgate.attacks.adaptive import (
     ScoreFn,
     checked_images,
 )
+from bayesgate.attacks.adaptive_settings import AdaptiveAPGDParameters
 from bayesgate.attacks.methods.apgd import APGDRun
 from bayesgate.attacks.methods.square import margin
-from bayesgate.errors import InvalidArgument
 
 
 @dataclass(frozen=True)
-class AdaptiveAPGD(AdaptivePGD):
+class AdaptiveAPGD(AdaptiveAPGDParameters, AdaptivePGD):
     """:class:`~bayesgate.attacks.adaptive.AdaptivePGD`'s attack (``eps``, ``steps`` gradient
     queries per run, ``weight`` λ, ``kappa``, ``delta``, ``schedule``) optimised by APGD, with
-    ``restarts`` runs from independent random starts."""
-
-    restarts: int = 1
-
-    optimizer: ClassVar[str] = "apgd"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.step_size is not None:
-            raise InvalidArgument("APGD sets its own step sizes (2ε, halved at its checkpoints)")
-        if self.restarts < 1:
-            raise InvalidArgument(f"adaptive restarts must be ≥ 1, got {self.restarts}")
-
-    @property
-    def alpha(self) -> float:
-        """The first step, 2ε (APGD halves it where the loss stalls)."""
-        return 2.0 * self.eps
-
-    @property
-    def starts(self) -> int:
-        return self.restarts
-
-    @property
-    def cache_tag(self) -> str:
-        return f"-apgd-r{self.restarts}"
+    ``restarts`` runs from independent random starts — declared, with their checks, in
+    :class:`~bayesgate.attacks.adaptive_settings.AdaptiveAPGDParameters`."""
 
     def __call__(
         self,

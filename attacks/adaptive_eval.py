@@ -22,7 +22,6 @@ import hashlib
 import json
 import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +31,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from bayesgate.attacks.adaptive import AdaptivePGD, ScoreFn
-from bayesgate.attacks.adaptive_apgd import AdaptiveAPGD
+from bayesgate.attacks.adaptive_settings import AdaptiveSettings
 from bayesgate.attacks.detect_eval import DetectorRun
-from bayesgate.errors import InvalidArgument
 from bayesgate.models.detection.detector import Detector, collect_features, scores_numpy
 from bayesgate.models.mc.dropout import mc_sampling
 from bayesgate.models.mc.engine import mc_logits_features
@@ -71,60 +69,6 @@ def detector_score_fn(
         return torch.logsumexp(log_p, dim=1) - math.log(k), scores[name]
 
     return fn
-
-
-OPTIMIZERS = ("pgd", "apgd")
-
-
-@dataclass(frozen=True)
-class AdaptiveSettings:
-    """Radii, detector weights (λ = 0 is plain PGD and always run), steps, test subset, K of the
-    attack (``None``: card ``k_attack``) and of the fresh evaluation (``None``: detector's K)."""
-
-    eps: tuple[float, ...] = (0.1, 0.2, 0.3)
-    weights: tuple[float, ...] = (0.1, 1.0, 10.0)
-    joint_weights: tuple[float, ...] = ()
-    steps: int = 100
-    kappa: float = 1.0
-    delta: float = 0.5
-    limit: int = 500
-    k_attack: int | None = None
-    k: int | None = None
-    seed: int = 0
-    batch_size: int = 100
-    cache_dir: Path | None = None
-    optimizer: str = "pgd"  # "pgd" (fixed ε/25 steps) or "apgd" (Auto-PGD's schedule, restarts)
-    restarts: int = 1  # APGD only: runs from new random starts on the examples not yet found
-
-    def __post_init__(self) -> None:
-        if self.optimizer not in OPTIMIZERS:
-            raise InvalidArgument(f"optimizer must be one of {', '.join(OPTIMIZERS)}")
-        if self.restarts < 1 or (self.restarts > 1 and self.optimizer != "apgd"):
-            raise InvalidArgument(
-                f"restarts {self.restarts}: must be ≥ 1, and more than 1 needs the apgd optimizer"
-            )
-        if not self.eps:
-            raise InvalidArgument("give at least one eps")
-        for eps in self.eps:  # every attack checks its parameters now, not midway through a run
-            self.configs(eps)
-
-    def configs(self, eps: float) -> list[tuple[str, AdaptivePGD]]:
-        """``(name, attack)``: plain PGD, the adaptive attack per weight, the joint schedule
-        (with ``optimizer="apgd"``: the same configurations optimised by APGD, named so)."""
-        common: dict[str, Any] = {
-            "eps": eps, "steps": self.steps, "kappa": self.kappa, "delta": self.delta,
-        }  # fmt: skip
-        kind: type[AdaptivePGD] = AdaptivePGD
-        prefix = ""
-        if self.optimizer == "apgd":
-            kind, prefix, common["restarts"] = AdaptiveAPGD, "APGD ", self.restarts
-        out = [(f"plain {prefix or 'PGD'}".rstrip(), kind(weight=0.0, **common))]
-        out += [(f"adaptive {prefix}λ={w:g}", kind(weight=w, **common)) for w in self.weights]
-        out += [
-            (f"joint {prefix}λ={w:g}", kind(weight=w, schedule="joint", **common))
-            for w in self.joint_weights
-        ]
-        return out
 
 
 def evaluate_adaptive(

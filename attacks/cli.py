@@ -3,8 +3,10 @@
 ``adaptive-eval``).
 
 Building these parsers imports no torch: the attacks' flags come from their torch-free parameter
-declarations (:mod:`bayesgate.attacks.methods.parameters`), and what runs an attack, loads a model
-or reads MNIST is imported inside the command functions, after the flags they check. So ``--help``
+declarations (:mod:`bayesgate.attacks.methods.parameters`), the default attacks from
+:mod:`bayesgate.attacks.specs` and the scores from :mod:`bayesgate.models.mc.options`; what runs an
+attack, loads a model or reads MNIST is imported inside the command functions, after the flags
+they check. So ``--help``
 and a refused flag answer in a fraction of a second instead of after torch's ~3 s import.
 """
 
@@ -23,6 +25,7 @@ from bayesgate.attacks.methods.parameters import (
 )
 from bayesgate.attacks.specs import (
     DEFAULT_ATTACKS,
+    DETECTION_ATTACKS,
     attack_of,
     build_parameters,
     parse_parameters,
@@ -32,13 +35,10 @@ from bayesgate.attacks.specs import (
 from bayesgate.errors import InvalidArgument, check_at_least, writable_dir, writable_file
 from bayesgate.extras import Need
 from bayesgate.models.device import DEVICE_CHOICES, add_threads_flag, pick_device, set_threads
+from bayesgate.models.mc.options import SCORE_NAMES
 from bayesgate.models.store.bundled import READ_MODEL_HELP, model_to_read
 from bayesgate.outputs import note_replacing
 
-SCORES = ("predictive_entropy", "mutual_information", "variation_ratio")
-"""The scores ``calibrate --score`` thresholds: the names of
-:data:`bayesgate.models.mc.uncertainty.SCORES` (not imported: it imports torch;
-tests/test_cli_imports.py compares the two)."""
 FIGURES = ("6", "7", "detection")
 PARAM_DEST = "attack_param_"
 """Namespace prefix of the attack-parameter flags of ``bayesgate attack``."""
@@ -116,7 +116,7 @@ def _register_calibrate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", type=Path, help="model directory (calibration.json is written there)")
     p.add_argument(
         "--score",
-        choices=SCORES,
+        choices=SCORE_NAMES,
         default="predictive_entropy",
         help="uncertainty score thresholded",
     )
@@ -199,11 +199,7 @@ def _calibrate_needs(args: argparse.Namespace) -> list[Need]:
 
 
 def _sweep_needs(args: argparse.Namespace) -> list[Need]:
-    specs = {"6": ["fgs"], "7": ["targeted"]}.get(args.figure, args.attacks)
-    if not specs:  # the detection table's own attacks (bayesgate.attacks.sweep: torch)
-        from bayesgate.attacks.sweep import DETECTION_ATTACKS
-
-        specs = DETECTION_ATTACKS
+    specs = {"6": ["fgs"], "7": ["targeted"]}.get(args.figure, args.attacks or DETECTION_ATTACKS)
     return [*spec_needs(specs), Need(PLOT, f"--figure {args.figure}'s plot")]
 
 
@@ -438,7 +434,7 @@ def _run_sweep(
     if args.figure == "7":
         config.update(eta=args.eta, steps=args.steps, target=0)
         return config, sweep.figure7(models, x, y, steps=args.steps, eta=args.eta, **common)
-    config.update(cw_limit=args.cw_limit, attacks=args.attacks or list(sweep.DETECTION_ATTACKS))
+    config.update(cw_limit=args.cw_limit, attacks=args.attacks or list(DETECTION_ATTACKS))
     rows = sweep.detection(
         models, x, y, attacks=config["attacks"], cw_limit=args.cw_limit, roc_dir=args.out, **common
     )

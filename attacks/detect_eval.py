@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,22 +34,15 @@ import numpy as np
 import torch
 from torch import nn
 
+from bayesgate.attacks.detect_settings import EvalSettings
 from bayesgate.attacks.methods import Attack
 from bayesgate.attacks.metrics import detection_metrics
-from bayesgate.attacks.ood import DEFAULT_OOD, OOD_LABELS, OOD_SETS, ood_images
+from bayesgate.attacks.ood import OOD_LABELS, ood_images
 from bayesgate.attacks.run import attack_in_batches, attack_targets, mc_predictions, verdicts
-from bayesgate.attacks.specs import parse_attacks
-from bayesgate.errors import InvalidArgument
 from bayesgate.models.detection.detector import Detector, collect_features, scores_numpy
 from bayesgate.models.mc.uncertainty import predictive_mean
 from bayesgate.models.store.directory import LoadedModel
 from bayesgate.outputs import write_atomically
-
-SEEN_ATTACKS = ("fgs:eta=0.1", "fgs:eta=0.2", "fgs:eta=0.3", "targeted:steps=40,eta=0.01")
-UNSEEN_ATTACKS = ("pgd:eps=0.3,eps_iter=0.01,steps=40", "cw", "square:eps=0.3,queries=1000")
-EVAL_ATTACKS = SEEN_ATTACKS + UNSEEN_ATTACKS
-"""What ``bayesgate detect-eval`` runs unless told otherwise: the attacks the fusion was fitted on
-(FGS, targeted — evaluated on test images it never saw) and the unseen ones."""
 
 
 def default_cache_dir() -> Path:
@@ -57,46 +50,6 @@ def default_cache_dir() -> Path:
     from bayesgate.models.data.settings import data_settings
 
     return data_settings().cache_root / "detect-eval"
-
-
-@dataclass(frozen=True)
-class EvalSettings:
-    """Test subset (``limit`` first images; ``attack_limits`` caps single attacks, e.g. CW), K of
-    the scores (``None``: the detector's), K of the attacks (``None``: the card's ``k_attack``)."""
-
-    attacks: tuple[str, ...] = EVAL_ATTACKS
-    ood: tuple[str, ...] = DEFAULT_OOD
-    limit: int | None = 1000
-    attack_limits: dict[str, int] = field(default_factory=dict)
-    k: int | None = None
-    k_attack: int | None = None
-    seed: int = 0
-    batch_size: int = 100
-    cache_dir: Path | None = None
-
-    def check(self) -> None:
-        """:class:`InvalidArgument` for a setting the run cannot use; also parses the attacks."""
-        unknown = [name for name in self.ood if name not in OOD_SETS]
-        if unknown:
-            raise InvalidArgument(
-                f"unknown OOD set(s) {unknown}; choose from {', '.join(OOD_SETS)}"
-            )
-        if self.limit is not None and self.limit < 1:
-            raise InvalidArgument(f"limit must be ≥ 1, got {self.limit}")
-        for name, n in self.attack_limits.items():
-            if n < 1:
-                raise InvalidArgument(f"--attack-limit {name}={n}: must be ≥ 1")
-        names = list(dict.fromkeys(a.name for a in self.specs()))
-        for name, n in self.attack_limits.items():
-            if name not in names:  # a typo or a wrong case would silently limit nothing
-                raise InvalidArgument(
-                    f"--attack-limit {name}={n}: no attack {name!r} in this run "
-                    f"(its attacks: {', '.join(names) or 'none'})"
-                )
-
-    def specs(self) -> list[Attack]:
-        """The parsed :attr:`attacks` (none if empty)."""
-        return parse_attacks(list(self.attacks)) if self.attacks else []
 
 
 @dataclass

@@ -4,9 +4,10 @@ Writes ``detector.safetensors`` + ``detector.json`` into the model directory and
 has a ``calibration.json`` for the same weights, references the detector from it (file name and
 sha256), so the service flags inputs by the fused score. Prints a JSON summary.
 
-The parser's defaults are :class:`~bayesgate.attacks.detector_fit.FitSettings`'s, written out
-here rather than read from it (that module imports torch, which ``--help`` should not wait for);
-tests/test_cli_imports.py checks that they are the same.
+The parser's defaults and choices, and the checks of the settings, are those of
+:class:`~bayesgate.attacks.fit_settings.FitSettings` (torch-free), so ``--help`` and a refused
+setting do not wait for torch (~3 s); the fitting itself (:mod:`~bayesgate.attacks.detector_fit`,
+torch) is imported after the checks.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bayesgate.attacks.specs import DEFAULT_ATTACKS, spec_needs
+from bayesgate.attacks.fit_settings import OUTLIER_KINDS, RULES, FitSettings
+from bayesgate.attacks.specs import spec_needs
 from bayesgate.errors import InvalidArgument
 from bayesgate.models.device import DEVICE_CHOICES, add_threads_flag, pick_device, set_threads
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    d = FitSettings()
     p = sub.add_parser(
         "fit-detector",
         help="fit the feature-density + uncertainty detector (fused) and store it by the model",
@@ -32,21 +35,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--attacks",
         nargs="+",
-        default=list(DEFAULT_ATTACKS),
+        default=list(d.attacks),
         metavar="SPEC",
         help="attacks whose successful examples train the fusion (default: %(default)s)",
     )
     p.add_argument(
         "--train-subset", type=int, default=None, help="first N training images (default all)"
     )
-    p.add_argument("--fit-images", type=int, default=5000, help="validation: fit part")
-    p.add_argument("--threshold-images", type=int, default=5000, help="validation: thresholds")
-    p.add_argument("--attack-images", type=int, default=2000, help="fit images that are attacked")
-    p.add_argument("--kde-per-class", type=int, default=500, help="KDE samples/class")
+    p.add_argument("--fit-images", type=int, default=d.fit_images, help="validation: fit part")
+    p.add_argument(
+        "--threshold-images", type=int, default=d.threshold_images, help="validation: thresholds"
+    )
+    p.add_argument(
+        "--attack-images", type=int, default=d.attack_images, help="fit images that are attacked"
+    )
+    p.add_argument("--kde-per-class", type=int, default=d.kde_per_class, help="KDE samples/class")
     p.add_argument(
         "--kde-dtype",
         choices=("float32", "float16"),
-        default="float32",
+        default=d.kde_dtype,
         help="precision of the stored KDE samples",
     )
     p.add_argument(
@@ -61,27 +68,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--outliers",
         nargs="+",
-        default=[],
+        default=list(d.outliers),
         metavar="KIND",
-        help="synthetic outliers (chimera, patches, overlay) made from the attacked fit images, "
+        help=f"synthetic outliers ({', '.join(OUTLIER_KINDS)}) made from the attacked fit images, "
         "added to the logistic fusion's positives (default: none)",
     )
     p.add_argument(
         "--outlier-share",
         type=float,
-        default=0.5,
+        default=d.outlier_share,
         help="share of the positive class's weight given to the outliers (default: %(default)s)",
     )
-    p.add_argument("--l2", type=float, default=1e-3, help="L2 penalty of the logistic fusion")
+    p.add_argument("--l2", type=float, default=d.l2, help="L2 penalty of the logistic fusion")
     p.add_argument(
         "--rule",
-        choices=("min-p", "logistic"),
-        default="min-p",
+        choices=RULES,
+        default=d.rule,
         help="the fused score: minimum conformal p-value (attack-free) or the logistic logit",
     )
-    p.add_argument("--target-fpr", type=float, default=0.05, help="clean FPR of thresholds")
-    p.add_argument("--seed", type=int, default=0, help="seed of masks, splits, subsamples")
-    p.add_argument("--batch-size", type=int, default=100, help="images per attack batch")
+    p.add_argument("--target-fpr", type=float, default=d.target_fpr, help="clean FPR of thresholds")
+    p.add_argument("--seed", type=int, default=d.seed, help="seed of masks, splits, subsamples")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="images per attack batch")
     p.add_argument("--device", default="auto", help=f"one of {', '.join(DEVICE_CHOICES)}")
     add_threads_flag(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -97,10 +104,6 @@ def cmd_fit_detector(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise InvalidArgument(f"--{name.replace('_', '-')} must be ≥ 1, got {value}")
-    set_threads(args.threads)
-    from bayesgate.attacks.detector_fit import FitSettings, fit_detector  # torch: after the checks
-    from bayesgate.models.store.directory import load_model
-
     settings = FitSettings(
         k=args.k,
         k_attack=args.k_attack,
@@ -122,6 +125,10 @@ def cmd_fit_detector(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
     )
     settings.check()  # before loading the model and extracting features
+    set_threads(args.threads)
+    from bayesgate.attacks.detector_fit import fit_detector  # torch: after the checks
+    from bayesgate.models.store.directory import load_model
+
     device = pick_device(args.device)
     loaded = load_model(args.model, device)
     detector = fit_detector(loaded, settings, device=device, progress=not args.no_progress)

@@ -1,10 +1,10 @@
 """``bayesgate detect-eval`` and ``bayesgate adaptive-eval``: a fitted detector, test split.
 
-The parsers' defaults and choices — the attacks and OOD sets of
-:mod:`~bayesgate.attacks.detect_eval` and :mod:`~bayesgate.attacks.ood`,
-:class:`~bayesgate.attacks.adaptive_eval.AdaptiveSettings`'s values — are written out here rather
-than read from those modules: they import torch, which ``--help`` and a refused flag should not
-wait for (~3 s). tests/test_cli_imports.py checks that they are the same.
+The parsers' defaults and choices, and the settings' checks, come from torch-free modules —
+:class:`~bayesgate.attacks.detect_settings.EvalSettings` (its attacks),
+:mod:`~bayesgate.attacks.ood_names` (the OOD sets) and
+:class:`~bayesgate.attacks.adaptive_settings.AdaptiveSettings` — so ``--help`` and a refused flag
+or setting do not wait for torch (~3 s); the evaluations (torch) are imported after the checks.
 """
 
 from __future__ import annotations
@@ -15,6 +15,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bayesgate.attacks.adaptive_settings import (
+    OPTIMIZERS,
+    AdaptiveSettings,
+    check_non_negative,
+    check_radius,
+)
+from bayesgate.attacks.detect_settings import EvalSettings
+from bayesgate.attacks.ood_names import OOD_NAMES
 from bayesgate.attacks.specs import spec_needs
 from bayesgate.errors import InvalidArgument, check_at_least, writable_dir
 from bayesgate.extras import Need
@@ -22,31 +30,6 @@ from bayesgate.listflags import list_flag
 from bayesgate.models.device import DEVICE_CHOICES, add_threads_flag, pick_device, set_threads
 from bayesgate.models.store.bundled import READ_MODEL_HELP, model_to_read
 from bayesgate.outputs import note_replacing
-
-EVAL_ATTACKS = (
-    "fgs:eta=0.1",
-    "fgs:eta=0.2",
-    "fgs:eta=0.3",
-    "targeted:steps=40,eta=0.01",
-    "pgd:eps=0.3,eps_iter=0.01,steps=40",
-    "cw",
-    "square:eps=0.3,queries=1000",
-)
-"""= :data:`bayesgate.attacks.detect_eval.EVAL_ATTACKS`, what ``detect-eval`` runs by default."""
-OOD_SETS = (
-    "uniform",
-    "gaussian",
-    "rotated",
-    "inverted",
-    "rotated45",
-    "rotated180",
-    "shifted",
-    "blurred",
-    "letters",
-)
-"""= the names of :data:`bayesgate.attacks.ood.OOD_SETS`."""
-DEFAULT_OOD = ("uniform", "gaussian", "rotated", "inverted")
-"""= :data:`bayesgate.attacks.ood.DEFAULT_OOD`."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -74,14 +57,15 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _register_detect_eval(sub: argparse._SubParsersAction) -> None:
+    d = EvalSettings()
     p = sub.add_parser(
         "detect-eval",
         help="every detector score (and the fused one) vs seen/unseen attacks and OOD inputs",
     )
     _common(p)
-    p.add_argument("--limit", type=int, default=1000, help="first N test images")
+    p.add_argument("--limit", type=int, default=d.limit, help="first N test images")
     p.add_argument(
-        "--attacks", nargs="*", default=list(EVAL_ATTACKS), metavar="SPEC", help="attack specs"
+        "--attacks", nargs="*", default=list(d.attacks), metavar="SPEC", help="attack specs"
     )
     p.add_argument(
         "--attack-limit",
@@ -93,8 +77,8 @@ def _register_detect_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--ood",
         nargs="*",
-        default=list(DEFAULT_OOD),
-        choices=OOD_SETS,
+        default=list(d.ood),
+        choices=OOD_NAMES,
         help="OOD sets (default: %(default)s, the four of issue 15; the fresh ones are opt-in)",
     )
     p.set_defaults(
@@ -110,38 +94,39 @@ def _detect_eval_needs(args: argparse.Namespace) -> list[Any]:
 
 
 def _register_adaptive_eval(sub: argparse._SubParsersAction) -> None:
+    d = AdaptiveSettings()
     p = sub.add_parser(
         "adaptive-eval", help="adaptive white-box PGD against the fused detector (and plain PGD)"
     )
     _common(p)
-    p.add_argument("--limit", type=int, default=500, help="first N test images")
-    list_flag(p, "--eps", item=float, default=[0.1, 0.2, 0.3], metavar="EPS", help="L∞ radii")
+    p.add_argument("--limit", type=int, default=d.limit, help="first N test images")
+    list_flag(p, "--eps", item=float, default=list(d.eps), metavar="EPS", help="L∞ radii")
     list_flag(
-        p, "--weights", item=float, default=[0.1, 1.0, 10.0], metavar="WEIGHT", help="λ values"
+        p, "--weights", item=float, default=list(d.weights), metavar="WEIGHT", help="λ values"
     )
     list_flag(
         p,
         "--joint-weights",
         item=float,
         nargs="*",
-        default=[],
+        default=list(d.joint_weights),
         metavar="WEIGHT",
         help="also run the detector term from step 0 at these λ (shows the pinning failure)",
     )
-    p.add_argument("--steps", type=int, default=100, help="PGD steps")
-    p.add_argument("--kappa", type=float, default=1.0, help="margin κ (nats)")
-    p.add_argument("--delta", type=float, default=0.5, help="detector margin δ")
+    p.add_argument("--steps", type=int, default=d.steps, help="PGD steps")
+    p.add_argument("--kappa", type=float, default=d.kappa, help="margin κ (nats)")
+    p.add_argument("--delta", type=float, default=d.delta, help="detector margin δ")
     p.add_argument(
         "--optimizer",
-        choices=("pgd", "apgd"),
-        default="pgd",
+        choices=OPTIMIZERS,
+        default=d.optimizer,
         help="pgd: fixed steps of ε/25; apgd: Auto-PGD's step schedule and momentum "
         "(Croce & Hein 2020), the stronger optimiser",
     )
     p.add_argument(
         "--restarts",
         type=int,
-        default=1,
+        default=d.restarts,
         help="with --optimizer apgd: runs from new random starts on the digits not yet found",
     )
     p.set_defaults(
@@ -188,9 +173,6 @@ def _attack_limits(items: list[str]) -> dict[str, int]:
 
 def cmd_detect_eval(args: argparse.Namespace) -> int:
     check_common(args)
-    from bayesgate.attacks.detect_eval import EvalSettings, evaluate_detector  # torch
-    from bayesgate.attacks.detect_report import detect_eval_paths, write_detect_eval
-
     settings = EvalSettings(
         attacks=tuple(args.attacks),
         ood=tuple(args.ood),
@@ -203,6 +185,9 @@ def cmd_detect_eval(args: argparse.Namespace) -> int:
         cache_dir=args.cache_dir,
     )
     settings.check()  # the attacks and --attack-limit names, before the model is loaded
+    from bayesgate.attacks.detect_eval import evaluate_detector  # torch: after the checks
+    from bayesgate.attacks.detect_report import detect_eval_paths, write_detect_eval
+
     note_replacing("detect-eval", detect_eval_paths(args.out).values())
     loaded, detector, device = _load(args)
     started = time.perf_counter()
@@ -231,13 +216,6 @@ def cmd_detect_eval(args: argparse.Namespace) -> int:
 def cmd_adaptive_eval(args: argparse.Namespace) -> int:
     check_common(args)
     _check_adaptive_flags(args)
-    from bayesgate.attacks.adaptive_eval import (  # torch
-        AdaptiveSettings,
-        adaptive_paths,
-        evaluate_adaptive,
-        write_adaptive,
-    )
-
     try:  # the settings check themselves; their message becomes the one-line CLI error
         settings = AdaptiveSettings(
             eps=tuple(args.eps),
@@ -258,6 +236,12 @@ def cmd_adaptive_eval(args: argparse.Namespace) -> int:
     except ValueError as exc:
         given = f"--optimizer {args.optimizer} --restarts {args.restarts}"
         raise InvalidArgument(f"{given}: {exc}") from None
+    from bayesgate.attacks.adaptive_eval import (  # torch: after the checks
+        adaptive_paths,
+        evaluate_adaptive,
+        write_adaptive,
+    )
+
     note_replacing("adaptive-eval", adaptive_paths(args.out).values())
     loaded, detector, device = _load(args)
     started = time.perf_counter()
@@ -274,8 +258,6 @@ def cmd_adaptive_eval(args: argparse.Namespace) -> int:
 def _check_adaptive_flags(args: argparse.Namespace) -> None:
     """``adaptive-eval``'s numbers, each error naming its flag (NaN and ∞ refused: they would
     also be written as invalid JSON)."""
-    from bayesgate.attacks.adaptive import check_non_negative, check_radius
-
     check_at_least("--steps", args.steps)
     check_at_least("--restarts", args.restarts)
     if not args.eps:  # `--eps ,`

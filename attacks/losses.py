@@ -16,6 +16,9 @@ from collections.abc import Callable
 
 import torch
 
+from bayesgate.attacks.methods.parameters import APGD_LOSSES
+from bayesgate.tables import keyed_by
+
 AttackLoss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """``(z B×C, y B) ↦ B`` per-example losses, larger = closer to a misclassification."""
 
@@ -37,4 +40,7 @@ def dlr_loss(z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return -(z_y - others.max(dim=1).values) / (top[:, 0] - top[:, 2] + DLR_EPS)
 
 
-LOSSES: dict[str, AttackLoss] = {"ce": cross_entropy_loss, "dlr": dlr_loss}
+LOSSES: dict[str, AttackLoss] = keyed_by(
+    APGD_LOSSES, {"ce": cross_entropy_loss, "dlr": dlr_loss}, "APGD losses"
+)
+"""Loss name (:data:`~bayesgate.attacks.methods.parameters.APGD_LOSSES`) → its function."""

@@ -5,9 +5,9 @@
 - ``rotated`` — the given MNIST images rotated by 90° (counter-clockwise, ``torch.rot90``);
 - ``inverted`` — the given MNIST images inverted, ``1 − x``.
 
-These four are :data:`DEFAULT_OOD`, what ``detect-eval`` runs unless told otherwise. The
-**fresh** sets (:data:`FRESH_OOD`, added after the detector's rule was fixed, for an unseen
-evaluation nobody had looked at):
+These four are :data:`~bayesgate.attacks.ood_names.DEFAULT_OOD`, what ``detect-eval`` runs unless
+told otherwise. The **fresh** sets (:data:`~bayesgate.attacks.ood_names.FRESH_OOD`, added after
+the detector's rule was fixed, for an unseen evaluation nobody had looked at):
 
 - ``rotated45`` — rotated by 45° counter-clockwise about the centre (bilinear, zero outside);
 - ``rotated180`` — rotated by 180°;
@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 
 from bayesgate.attacks.ood_letters import letter_images
+from bayesgate.attacks.ood_names import OOD_NAMES
+from bayesgate.tables import keyed_by
 
 GAUSSIAN_MEAN, GAUSSIAN_STD = 0.5, 0.5
 SHIFT = 6
@@ -104,17 +106,21 @@ def _letters(x: torch.Tensor, rng: torch.Generator) -> torch.Tensor:
     return letter_images(x.shape[0], rng)
 
 
-OOD_SETS: dict[str, OODMaker] = {
-    "uniform": _uniform,
-    "gaussian": _gaussian,
-    "rotated": _rotated,
-    "inverted": _inverted,
-    "rotated45": _rotated45,
-    "rotated180": _rotated180,
-    "shifted": _shifted,
-    "blurred": _blurred,
-    "letters": _letters,
-}
+OOD_SETS: dict[str, OODMaker] = keyed_by(
+    OOD_NAMES,
+    {
+        "uniform": _uniform,
+        "gaussian": _gaussian,
+        "rotated": _rotated,
+        "inverted": _inverted,
+        "rotated45": _rotated45,
+        "rotated180": _rotated180,
+        "shifted": _shifted,
+        "blurred": _blurred,
+        "letters": _letters,
+    },
+    "OOD sets",
+)
 OOD_LABELS = {
     "uniform": "uniform noise",
     "gaussian": f"Gaussian noise N({GAUSSIAN_MEAN:g}, {GAUSSIAN_STD:g}²), clipped",
@@ -126,8 +132,6 @@ OOD_LABELS = {
     "blurred": f"MNIST blurred, Gaussian σ = {BLUR_SIGMA:g} px",
     "letters": "letters A–Z a–z, 8 fonts",
 }
-DEFAULT_OOD = ("uniform", "gaussian", "rotated", "inverted")
-FRESH_OOD = ("rotated45", "rotated180", "shifted", "blurred", "letters")
 
 
 def ood_images(name: str, x: torch.Tensor, seed: int = 0) -> torch.Tensor:

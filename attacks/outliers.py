@@ -25,6 +25,9 @@ from collections.abc import Callable
 
 import torch
 
+from bayesgate.attacks.fit_settings import OUTLIER_KINDS
+from bayesgate.tables import keyed_by
+
 TILE = 7  # 28 = 4 × 7
 
 OutlierMaker = Callable[[torch.Tensor, torch.Tensor, torch.Generator], torch.Tensor]
@@ -85,11 +88,11 @@ def _patches(x: torch.Tensor, y: torch.Tensor, rng: torch.Generator) -> torch.Te
     return shuffled.reshape(n, gh, gw, c, TILE, TILE).permute(0, 3, 1, 4, 2, 5).reshape(n, c, h, w)
 
 
-OUTLIERS: dict[str, OutlierMaker] = {
-    "chimera": _chimera,
-    "patches": _patches,
-    "overlay": _overlay,
-}
+OUTLIERS: dict[str, OutlierMaker] = keyed_by(
+    OUTLIER_KINDS,
+    {"chimera": _chimera, "patches": _patches, "overlay": _overlay},
+    "outlier kinds",
+)
 OUTLIER_LABELS = {
     "chimera": "chimera: top half of one digit, bottom half of another class",
     "patches": "7×7 tiles of a digit in a random order",

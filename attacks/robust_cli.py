@@ -3,10 +3,10 @@
 A MODEL is a model directory (``card.json`` + weights) or a training checkpoint directory
 (``checkpoint.json`` of ``bayesgate train``, so a run still training can be evaluated).
 
-The evaluation's modules (torch) are imported when the command runs; the parser's defaults and
-choices of :mod:`~bayesgate.attacks.robust_eval` (:data:`ROBUST_ATTACKS`, the radii of
-:class:`~bayesgate.attacks.robust_eval.RobustSettings`) are written out here, so that ``--help``
-does not wait ~3 s for torch; tests/test_cli_imports.py checks that they are the same.
+The evaluation's modules (torch) are imported when the command runs, after the flags are checked:
+the parser's defaults and choices, and the settings' checks, are those of the torch-free
+:mod:`~bayesgate.attacks.robust_settings` (:class:`RobustSettings`, :data:`ROBUST_ATTACKS`), so
+that ``--help`` and a refused flag do not wait ~3 s for torch.
 """
 
 from __future__ import annotations
@@ -18,23 +18,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bayesgate.attacks.robust_settings import ROBUST_ATTACKS, RobustSettings
 from bayesgate.errors import InvalidArgument, check_at_least, writable_dir
 from bayesgate.extras import Need
 from bayesgate.listflags import list_flag
 from bayesgate.models.device import add_threads_flag, pick_device, set_threads
 from bayesgate.models.store.bundled import model_to_read
+from bayesgate.models.store.files import CARD_FILE
 from bayesgate.outputs import note_replacing
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
-
-    from bayesgate.attacks.robust_eval import RobustSettings
-
-ROBUST_ATTACKS = ("pgd", "apgd-ce", "apgd-dlr")
-"""= :data:`bayesgate.attacks.robust_eval.ROBUST_ATTACKS` (the default of ``--attacks`` too)."""
-DEFAULT_EPS = (0.1, 0.2, 0.3)
-"""= :class:`~bayesgate.attacks.robust_eval.RobustSettings`'s ``eps``."""
 
 ADAPTIVE_WEIGHTS = (0.1, 1.0, 10.0)
 """Default detector weights λ of the adaptive attack (``--adaptive-weights``)."""
@@ -52,18 +47,21 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="model or training checkpoint directories, or bundled models' names "
         "(bayesgate-robust, bayesgate-cnn)",
     )
-    list_flag(p, "--eps", item=float, default=list(DEFAULT_EPS), metavar="EPS", help="L∞ radii")
-    p.add_argument("--n", type=int, default=1000, help="first N test digits")
+    d = RobustSettings()
+    list_flag(p, "--eps", item=float, default=list(d.eps), metavar="EPS", help="L∞ radii")
+    p.add_argument("--n", type=int, default=d.n, help="first N test digits")
     p.add_argument("--out", type=Path, required=True, help="output directory (also the cache)")
-    p.add_argument("--pgd-steps", type=int, default=100, help="steps of each PGD run")
-    p.add_argument("--restarts", type=int, default=5, help="PGD runs from random starts")
-    p.add_argument("--apgd-steps", type=int, default=100, help="steps of APGD-CE and APGD-DLR")
-    p.add_argument("--k-attack", type=int, default=10, help="MC passes per attack query")
-    p.add_argument("--k-eval", type=int, default=100, help="MC passes of the verdict")
+    p.add_argument("--pgd-steps", type=int, default=d.pgd_steps, help="steps of each PGD run")
+    p.add_argument("--restarts", type=int, default=d.restarts, help="PGD runs from random starts")
+    p.add_argument(
+        "--apgd-steps", type=int, default=d.apgd_steps, help="steps of APGD-CE and APGD-DLR"
+    )
+    p.add_argument("--k-attack", type=int, default=d.k_attack, help="MC passes per attack query")
+    p.add_argument("--k-eval", type=int, default=d.k_eval, help="MC passes of the verdict")
     list_flag(
         p,
         "--attacks",
-        default=list(ROBUST_ATTACKS),
+        default=list(d.attacks),
         metavar="NAME",
         help=f"attacks, worst of ({', '.join(ROBUST_ATTACKS)})",
     )
@@ -76,8 +74,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="detector weights λ of the adaptive attack on a fused detector (plain PGD always)",
     )
     p.add_argument("--adaptive-steps", type=int, default=100, help="steps of the adaptive attack")
-    p.add_argument("--batch-size", type=int, default=100, help="images per attack batch")
-    p.add_argument("--seed", type=int, default=0, help="seed of masks and random starts")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="images per attack batch")
+    p.add_argument("--seed", type=int, default=d.seed, help="seed of masks and random starts")
     add_threads_flag(p)
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -86,18 +84,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_evaluate_robust(args: argparse.Namespace) -> int:
-    from bayesgate.attacks.evaluate_cli import print_report
-    from bayesgate.attacks.robust_adaptive import adaptive_detector_step
-    from bayesgate.attacks.robust_eval import BatchCache, evaluate_robust, model_key
-    from bayesgate.attacks.robust_report import output_paths, write_outputs
-    from bayesgate.models.data.mnist import load_mnist
-
     # every check of the flags, the output folder and the models before the first attack
     settings = _settings(args)
     weights = _adaptive_weights(args.adaptive_weights)
     check_at_least("--adaptive-steps", args.adaptive_steps)
     writable_dir(args.out, "--out")
     set_threads(args.threads)
+    from bayesgate.attacks.evaluate_cli import print_report
+    from bayesgate.attacks.robust_adaptive import adaptive_detector_step  # torch: after the checks
+    from bayesgate.attacks.robust_eval import BatchCache, evaluate_robust, model_key
+    from bayesgate.attacks.robust_report import output_paths, write_outputs
+    from bayesgate.models.data.mnist import load_mnist
+
     note_replacing("evaluate-robust", output_paths(args.out).values())  # its cache/ is kept
     device = pick_device(args.device)
     networks = [(path, *load_for_evaluation(path, device)) for path in args.models]
@@ -126,8 +124,6 @@ def cmd_evaluate_robust(args: argparse.Namespace) -> int:
 
 
 def _settings(args: argparse.Namespace) -> RobustSettings:
-    from bayesgate.attacks.robust_eval import RobustSettings  # its checks import torch
-
     return RobustSettings(
         eps=tuple(args.eps),
         n=args.n,
@@ -156,7 +152,7 @@ def load_for_evaluation(path: Path, device: torch.device) -> tuple[nn.Module, st
     from bayesgate.models.store.directory import load_model
     from bayesgate.models.training import checkpoint as ckpt
 
-    if (path / ckpt.STATE_FILE).is_file() and not (path / "card.json").is_file():
+    if (path / ckpt.STATE_FILE).is_file() and not (path / CARD_FILE).is_file():
         found = ckpt.read_checkpoint(path)
         if found is None:
             raise InvalidArgument(f"{path}: no checkpoint")

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -34,51 +34,11 @@ from tqdm.auto import tqdm
 
 from bayesgate.attacks.methods import APGD, Attack, PGDRestarts
 from bayesgate.attacks.model_fn import frozen_parameters, log_predictive_fn
-from bayesgate.errors import InvalidArgument, check_at_least
+from bayesgate.attacks.robust_settings import RobustSettings
 from bayesgate.models.mc.engine import mc_predict
 from bayesgate.outputs import write_atomically
 
-ROBUST_ATTACKS = ("pgd", "apgd-ce", "apgd-dlr")
 EVAL_SEED_OFFSET = 1_000_003  # the verdict's masks are drawn apart from every attack's
-
-
-@dataclass(frozen=True)
-class RobustSettings:
-    """What ``evaluate-robust`` runs (stored in its JSON)."""
-
-    eps: tuple[float, ...] = (0.1, 0.2, 0.3)
-    n: int = 1000
-    attacks: tuple[str, ...] = ROBUST_ATTACKS
-    pgd_steps: int = 100
-    restarts: int = 5
-    apgd_steps: int = 100
-    k_attack: int = 10
-    k_eval: int = 100
-    batch_size: int = 100
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        unknown = [a for a in self.attacks if a not in ROBUST_ATTACKS]
-        checks = [
-            (bool(self.attacks), f"give at least one attack ({', '.join(ROBUST_ATTACKS)})"),
-            (not unknown, f"unknown attacks {unknown}; choose from {', '.join(ROBUST_ATTACKS)}"),
-            (bool(self.eps), "give at least one eps"),
-            (all(0 < e <= 1 for e in self.eps), f"every eps must be in (0, 1], got {self.eps}"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise InvalidArgument(message)
-        # the fields are evaluate-robust's flags: name the one to change
-        for name in (
-            "n",
-            "pgd_steps",
-            "restarts",
-            "apgd_steps",
-            "k_attack",
-            "k_eval",
-            "batch_size",
-        ):
-            check_at_least("--" + name.replace("_", "-"), getattr(self, name))
 
 
 def attacks_at(eps: float, settings: RobustSettings) -> dict[str, Attack]:

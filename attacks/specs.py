@@ -9,9 +9,11 @@ ones take the class's defaults. Examples: ``fgs:eta=0.3``,
 
 Names, parameters, defaults and checks come from the attacks' torch-free parameter declarations
 (:data:`~bayesgate.attacks.methods.parameters.ATTACK_PARAMETERS`): :func:`parse_parameters`,
-:func:`spec_needs` and :func:`spec_help` do not import torch, so the command line's help and its
-refusal of a bad spec answer at once; :func:`parse_attack` and :func:`build_attack` check the
-same way, then import the attack classes (torch) to build the attack.
+:func:`parse_parameter_list`, :func:`spec_needs` and :func:`spec_help` do not import torch, so the
+command line's help and its refusal of a bad spec answer at once; :func:`parse_attack`,
+:func:`parse_attacks` and :func:`build_attack` check the same way, then import the attack classes
+(torch) to build the attacks. The commands' default attack lists (:data:`DEFAULT_ATTACKS`,
+:data:`DETECTION_ATTACKS`) are here too, for the same reason.
 """
 
 from __future__ import annotations
@@ -32,6 +34,16 @@ if TYPE_CHECKING:
 
 DEFAULT_ATTACKS = ("fgs:eta=0.1", "fgs:eta=0.2", "fgs:eta=0.3", "targeted:steps=40,eta=0.01")
 """What ``bayesgate calibrate`` evaluates unless told otherwise (PGD and CW are opt-in)."""
+DETECTION_ATTACKS = (
+    "fgs:eta=0.1",
+    "fgs:eta=0.2",
+    "fgs:eta=0.3",
+    "targeted:steps=40,eta=0.01",
+    "pgd:eps=0.3,eps_iter=0.01,steps=40",
+    "cw:iterations=100,binary_steps=3,confidence=1",
+)
+"""What ``bayesgate sweep --figure detection`` runs unless told otherwise (the detection table's
+attacks, :func:`bayesgate.attacks.sweep.detection`)."""
 
 
 def parameters_class(name: str) -> type[AttackParameters]:
@@ -112,16 +124,22 @@ def parse_attack(text: str) -> Attack:
     return attack_of(parse_parameters(text))
 
 
-def parse_attacks(texts: Sequence[str]) -> list[Attack]:
-    """Parse several specs; duplicates are an error (they would collide in the results)."""
-    attacks = [parse_attack(t) for t in texts]
-    keys = [a.key for a in attacks]
+def parse_parameter_list(texts: Sequence[str]) -> list[AttackParameters]:
+    """Parse several specs into their checked parameters, without torch; duplicates are an error
+    (they would collide in the results), and so is an empty list."""
+    parameters = [parse_parameters(t) for t in texts]
+    keys = [p.key for p in parameters]
     dupes = sorted({k for k in keys if keys.count(k) > 1})
     if dupes:
         raise InvalidArgument(f"attack(s) listed twice: {', '.join(dupes)}")
-    if not attacks:
+    if not parameters:
         raise InvalidArgument("no attacks given")
-    return attacks
+    return parameters
+
+
+def parse_attacks(texts: Sequence[str]) -> list[Attack]:
+    """Parse several specs (:func:`parse_parameter_list`'s checks) into the attacks."""
+    return [attack_of(p) for p in parse_parameter_list(texts)]
 
 
 def spec_help() -> str:

@@ -25,20 +25,12 @@ import torch
 from bayesgate.attacks.methods import FGS, TargetedFGS
 from bayesgate.attacks.pipeline import AttackResult, DetectionRun, detection_run
 from bayesgate.attacks.run import mc_predictions, run_attack
-from bayesgate.attacks.specs import parse_attack
+from bayesgate.attacks.specs import DETECTION_ATTACKS, parse_attack
 from bayesgate.models.mc.engine import mc_predict
 from bayesgate.models.mc.uncertainty import mutual_information, predictive_entropy, predictive_mean
 from bayesgate.models.store.directory import LoadedModel
 
 FIGURE6_ETAS = tuple(round(0.05 * i, 2) for i in range(11))  # 0, 0.05, …, 0.5
-DETECTION_ATTACKS = (
-    "fgs:eta=0.1",
-    "fgs:eta=0.2",
-    "fgs:eta=0.3",
-    "targeted:steps=40,eta=0.01",
-    "pgd:eps=0.3,eps_iter=0.01,steps=40",
-    "cw:iterations=100,binary_steps=3,confidence=1",
-)
 
 
 _KINDS = {

@@ -12,10 +12,11 @@ error before the command starts. Every subcommand's ``--help`` shows each flag's
 
 ``bayesgate COMMAND …`` imports only the module of COMMAND (:data:`COMMANDS`); the other
 commands are listed by name and help line alone. No command module imports torch to build its
-parser: the commands import it when they run, after the flags they can check without it. So
-``bayesgate --help``, ``bayesgate COMMAND --help`` and a refused flag answer in a fraction of a
-second instead of after torch's ~3 s import (``tests/test_cli_imports.py`` checks every
-command's ``--help`` in a fresh interpreter). :func:`build_parser` without a
+parser: the choices, defaults and settings they check come from torch-free modules, and the
+commands import torch when they run, after the flags and settings they can check without it. So
+``bayesgate --help``, ``bayesgate COMMAND --help`` and a refused flag or setting answer in a
+fraction of a second instead of after torch's ~3 s import (``tests/test_cli_imports.py`` checks
+every command's ``--help`` in a fresh interpreter). :func:`build_parser` without a
 command builds every parser (the tests, and the docs' command check, read them all);
 ``tests/test_cli_imports.py`` checks that :data:`COMMANDS` names each command, its module and
 its help line exactly as the modules register them.

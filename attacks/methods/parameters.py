@@ -277,8 +277,8 @@ class CWL2Parameters(AttackParameters):
 
 
 APGD_LOSSES = ("ce", "dlr")
-"""The losses APGD ascends: the names of :data:`bayesgate.attacks.losses.LOSSES` (not imported:
-it imports torch; tests/attacks/test_attacks_registry.py compares the two)."""
+"""The losses APGD ascends, by name: :data:`bayesgate.attacks.losses.LOSSES` (torch) implements
+them, checked when that module is imported."""
 
 
 @dataclasses.dataclass(frozen=True)

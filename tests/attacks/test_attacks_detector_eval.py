@@ -25,6 +25,7 @@ from bayesgate.attacks.detector_fit import FitSettings, fit_detector
 from bayesgate.attacks.metrics import auroc
 from bayesgate.attacks.ood import ood_images
 from bayesgate.attacks.run import mc_predictions
+from bayesgate.attacks.specs import parse_attacks
 from bayesgate.cli import main
 from bayesgate.models.data.mnist import load_mnist
 from bayesgate.models.detection.detector import score_images
@@ -310,7 +311,7 @@ def test_a_larger_subset_continues_the_cached_prefix(detector_dir: Path, tmp_pat
     """n = 50 after n = 20: the first 20 images are the cached ones, images 20…49 are exactly
     an independent run of the same attack and seed on those images, and the metadata says so."""
     loaded, det = load_model(detector_dir), load_detector(detector_dir)
-    spec = detect_eval.parse_attacks(["targeted:steps=3,eta=0.05"])[0]
+    spec = parse_attacks(["targeted:steps=3,eta=0.05"])[0]
     x, y = load_mnist("test", limit=50)
     settings = detect_eval.EvalSettings(k_attack=5, cache_dir=tmp_path, batch_size=16)
     run = detect_eval._EvalRun(loaded, det, settings, torch.device("cpu"), False)

@@ -1,0 +1,182 @@
+"""The adaptive attack's parameters and what ``bayesgate adaptive-eval`` runs, without torch.
+
+- :func:`check_radius`, :func:`check_non_negative` — the range checks of radii, weights and
+  margins, naming the flag or parameter;
+- :class:`AdaptivePGDParameters`, :class:`AdaptiveAPGDParameters` — the declarations the attacks
+  (:class:`bayesgate.attacks.adaptive.AdaptivePGD`,
+  :class:`bayesgate.attacks.adaptive_apgd.AdaptiveAPGD`, torch) are built on: fields, defaults,
+  checks and step sizes; the attacks add only the computation;
+- :class:`AdaptiveSettings` — radii, detector weights, steps, subset and K of ``adaptive-eval``
+  (:mod:`bayesgate.attacks.adaptive_eval`, torch), checked when made.
+
+Why a module of its own: ``adaptive-eval`` shows these defaults in its ``--help`` and checks its
+flags and settings (every attack's parameters included) before the model is loaded; read from
+here, they answer without importing torch (~3 s).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from bayesgate.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from bayesgate.attacks.adaptive import AdaptivePGD
+
+SCHEDULES = ("misclassify-first", "joint")
+"""When the detector term of the loss counts (:mod:`bayesgate.attacks.adaptive`)."""
+OPTIMIZERS = ("pgd", "apgd")
+"""What minimises the adaptive attack's loss: fixed ε/25 steps, or Auto-PGD's schedule."""
+
+
+def check_radius(name: str, value: float) -> None:
+    """:class:`InvalidArgument` naming ``name`` (a flag or parameter) unless ``value`` is an L∞
+    radius in (0, 1] (NaN and ∞ are not)."""
+    if not (math.isfinite(value) and 0.0 < value <= 1.0):
+        raise InvalidArgument(f"{name} must be in (0, 1], got {value}")
+
+
+def check_non_negative(name: str, value: float) -> None:
+    """:class:`InvalidArgument` naming ``name`` unless ``value`` is finite and ≥ 0 (a weight λ or
+    a margin κ, δ: NaN would also end up as invalid JSON in the results)."""
+    if not (math.isfinite(value) and value >= 0.0):
+        raise InvalidArgument(f"{name} must be a finite number ≥ 0, got {value}")
+
+
+@dataclass(frozen=True)
+class AdaptivePGDParameters:
+    """Of :class:`~bayesgate.attacks.adaptive.AdaptivePGD`: radius ``eps``, ``steps`` steps of
+    ``step_size`` (default ``eps/25``), detector weight ``weight`` (λ), margins ``kappa`` (κ) and
+    ``delta`` (δ), and the ``schedule`` of the detector term."""
+
+    eps: float = 0.3
+    steps: int = 100
+    step_size: float | None = None
+    weight: float = 1.0
+    kappa: float = 1.0
+    delta: float = 0.5
+    schedule: str = "misclassify-first"
+
+    optimizer: ClassVar[str] = "pgd"  # what minimises the loss (reports, cache names)
+
+    def __post_init__(self) -> None:
+        check_radius("adaptive eps", self.eps)
+        if self.steps < 1:
+            raise InvalidArgument(f"adaptive steps must be ≥ 1, got {self.steps}")
+        if self.step_size is not None and not 0.0 < self.step_size <= self.eps:
+            raise InvalidArgument(f"adaptive step_size must be in (0, eps], got {self.step_size}")
+        check_non_negative("adaptive weight", self.weight)
+        check_non_negative("adaptive kappa", self.kappa)
+        check_non_negative("adaptive delta", self.delta)
+        if self.schedule not in SCHEDULES:
+            raise InvalidArgument(
+                f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}"
+            )
+
+    @property
+    def alpha(self) -> float:
+        return self.step_size if self.step_size is not None else self.eps / 25
+
+    @property
+    def starts(self) -> int:
+        """Random starts per example (one; the APGD variant restarts)."""
+        return 1
+
+    @property
+    def cache_tag(self) -> str:
+        """What sets this attack apart in an image-cache name beyond the shared fields."""
+        return ""
+
+
+@dataclass(frozen=True)
+class AdaptiveAPGDParameters(AdaptivePGDParameters):
+    """Of :class:`~bayesgate.attacks.adaptive_apgd.AdaptiveAPGD`: :class:`AdaptivePGDParameters`
+    (``steps`` gradient queries per run) optimised by APGD, with ``restarts`` runs from
+    independent random starts."""
+
+    restarts: int = 1
+
+    optimizer: ClassVar[str] = "apgd"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.step_size is not None:
+            raise InvalidArgument("APGD sets its own step sizes (2ε, halved at its checkpoints)")
+        if self.restarts < 1:
+            raise InvalidArgument(f"adaptive restarts must be ≥ 1, got {self.restarts}")
+
+    @property
+    def alpha(self) -> float:
+        """The first step, 2ε (APGD halves it where the loss stalls)."""
+        return 2.0 * self.eps
+
+    @property
+    def starts(self) -> int:
+        return self.restarts
+
+    @property
+    def cache_tag(self) -> str:
+        return f"-apgd-r{self.restarts}"
+
+
+@dataclass(frozen=True)
+class AdaptiveSettings:
+    """Radii, detector weights (λ = 0 is plain PGD and always run), steps, test subset, K of the
+    attack (``None``: card ``k_attack``) and of the fresh evaluation (``None``: detector's K)."""
+
+    eps: tuple[float, ...] = (0.1, 0.2, 0.3)
+    weights: tuple[float, ...] = (0.1, 1.0, 10.0)
+    joint_weights: tuple[float, ...] = ()
+    steps: int = 100
+    kappa: float = 1.0
+    delta: float = 0.5
+    limit: int = 500
+    k_attack: int | None = None
+    k: int | None = None
+    seed: int = 0
+    batch_size: int = 100
+    cache_dir: Path | None = None
+    optimizer: str = "pgd"  # "pgd" (fixed ε/25 steps) or "apgd" (Auto-PGD's schedule, restarts)
+    restarts: int = 1  # APGD only: runs from new random starts on the examples not yet found
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise InvalidArgument(f"optimizer must be one of {', '.join(OPTIMIZERS)}")
+        if self.restarts < 1 or (self.restarts > 1 and self.optimizer != "apgd"):
+            raise InvalidArgument(
+                f"restarts {self.restarts}: must be ≥ 1, and more than 1 needs the apgd optimizer"
+            )
+        if not self.eps:
+            raise InvalidArgument("give at least one eps")
+        for eps in self.eps:  # every attack checks its parameters now, not midway through a run
+            self.parameters(eps)
+
+    def parameters(self, eps: float) -> list[tuple[str, AdaptivePGDParameters]]:
+        """``(name, parameters)`` of the attacks at radius ``eps``: plain PGD, the adaptive attack
+        per weight, the joint schedule (with ``optimizer="apgd"``: the same configurations
+        optimised by APGD, named so); checked, without torch."""
+        common: dict[str, Any] = {
+            "eps": eps, "steps": self.steps, "kappa": self.kappa, "delta": self.delta,
+        }  # fmt: skip
+        kind: type[AdaptivePGDParameters] = AdaptivePGDParameters
+        prefix = ""
+        if self.optimizer == "apgd":
+            kind, prefix, common["restarts"] = AdaptiveAPGDParameters, "APGD ", self.restarts
+        out = [(f"plain {prefix or 'PGD'}".rstrip(), kind(weight=0.0, **common))]
+        out += [(f"adaptive {prefix}λ={w:g}", kind(weight=w, **common)) for w in self.weights]
+        out += [
+            (f"joint {prefix}λ={w:g}", kind(weight=w, schedule="joint", **common))
+            for w in self.joint_weights
+        ]
+        return out
+
+    def configs(self, eps: float) -> list[tuple[str, AdaptivePGD]]:
+        """``(name, attack)`` of :meth:`parameters`: the attacks themselves (torch)."""
+        from bayesgate.attacks.adaptive import AdaptivePGD
+        from bayesgate.attacks.adaptive_apgd import AdaptiveAPGD
+
+        kind = AdaptiveAPGD if self.optimizer == "apgd" else AdaptivePGD
+        return [(name, kind(**asdict(p))) for name, p in self.parameters(eps)]
