@@ -66,16 +66,26 @@ RUN apt-get update \
 ENV PATH=/opt/venv/bin:$PATH \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python3 -m venv /opt/venv
+# Every pip install below takes the lock: each package at one exact version, so that two builds
+# of one commit install the same packages (deploy/lock_image.py writes it; torch and the CUDA
+# libraries it pins are not in it). Copied before torch so that torch's own dependencies (sympy,
+# networkx, jinja2, ...) are locked too.
+COPY deploy/image-constraints.txt /src/deploy/image-constraints.txt
 
 # torch first, in its own layer: the largest download, unchanged by edits to the project.
 FROM builder AS torch-gpu
 ARG TORCH_VERSION
-RUN pip install --no-cache-dir "torch==${TORCH_VERSION}"
+RUN pip install --no-cache-dir --constraint /src/deploy/image-constraints.txt \
+    "torch==${TORCH_VERSION}"
 
 FROM builder AS torch-cpu
 ARG TORCH_VERSION
-# The CPU index carries the same release with the local label +cpu and no CUDA dependencies.
-RUN pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu \
+# The CPU index carries the same release with the local label +cpu and no CUDA dependencies;
+# torch's other dependencies may come from PyPI at their locked versions (the CPU index need not
+# carry every release). PyPI cannot serve a "+cpu" version (it refuses local version labels), so
+# torch itself comes from the CPU index only.
+RUN pip install --no-cache-dir --constraint /src/deploy/image-constraints.txt \
+    --index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple \
     "torch==${TORCH_VERSION}+cpu"
 
 # hadolint ignore=DL3006
@@ -93,7 +103,8 @@ COPY service/ /src/service/
 # default model loads (weights sha256-checked, calibration.json present and tied to them), link it
 # at a fixed path, and drop pip: the final image installs nothing. (Run from /, not /src, so that
 # `python -c` imports the installed package rather than the source tree.)
-RUN pip install --no-cache-dir "/src${EXTRAS:+[${EXTRAS}]}" \
+RUN pip install --no-cache-dir --constraint /src/deploy/image-constraints.txt \
+        "/src${EXTRAS:+[${EXTRAS}]}" \
     && python -c "from bayesgate.service.served_model import load_served_model as load; from bayesgate.service.settings import DEFAULT_MODEL_DIR as d; load(d, 'cpu'); print('bundled model OK:', d)" \
     && mkdir -p /opt/bayesgate \
     && ln -s "$(python -c 'from bayesgate.service.settings import DEFAULT_MODEL_DIR as d; print(d)')" /opt/bayesgate/default-model \

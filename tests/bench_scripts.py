@@ -10,10 +10,11 @@ from types import ModuleType
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
-def load_bench(name: str) -> ModuleType:
-    """``bench/<name>.py`` executed as a fresh module called ``name`` (and registered under that
-    name in ``sys.modules``, as dataclasses need)."""
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+def load_bench(name: str, folder: Path = BENCH) -> ModuleType:
+    """``bench/<name>.py`` (or ``folder/<name>.py``: a script of ``deploy/``) executed as a fresh
+    module called ``name`` (and registered under that name in ``sys.modules``, as dataclasses
+    need)."""
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
