@@ -25,8 +25,9 @@ encoders (the ``/v1`` response model and the ``/v2`` output table).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -74,19 +75,33 @@ def predictions(
     return rows_of(answer_columns(probs, model, features), model)
 
 
+def engine_outputs(
+    engine: Callable[..., Any],
+    model: ServedModel,
+    x: torch.Tensor,
+    k: int,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
+    """``(probs B×K×C, features)`` of one call of ``engine`` (``mc_engine``'s signature) with
+    ``k`` passes over ``x``: the features — of the same K passes, the layers the detector reads —
+    only when the model has a detector (``None`` otherwise)."""
+    if model.detector is None:
+        return engine(model.network, x, k, generator), None
+    out = engine(model.network, x, k, generator, features=model.detector.layers)
+    return out.probs, out.features
+
+
 def answer(
     model: ServedModel, x: torch.Tensor, k: int, generator: torch.Generator | None
 ) -> list[Prediction]:
     """The :class:`Prediction` s of the batch ``x`` (on ``model.device``) from one engine call of
-    ``k`` passes — with the detector's features when the model has one — as the worker computes
-    a request (its engine is replaceable, so it makes the same call itself: ``engine_call``)."""
+    ``k`` passes (:func:`engine_outputs`), as the worker computes a request (with its own,
+    replaceable engine)."""
     from bayesgate.service.engine import mc_engine
 
     with torch.inference_mode():
-        if model.detector is None:
-            return predictions(mc_engine(model.network, x, k, generator), model)
-        out = mc_engine(model.network, x, k, generator, features=model.detector.layers)
-        return predictions(out.probs, model, out.features)
+        probs, features = engine_outputs(mc_engine, model, x, k, generator)
+        return predictions(probs, model, features)
 
 
 def rows_of(columns: AnswerColumns, model: ServedModel) -> list[Prediction]:

@@ -87,6 +87,7 @@ from bayesgate.service.prediction import (
     ColumnAnswer,
     Prediction,
     answer_columns,
+    engine_outputs,
     rows_of,
 )
 from bayesgate.service.served_model import ServedModel
@@ -565,12 +566,8 @@ class BatchWorker:
     def engine_call(
         self, model: ServedModel, x: torch.Tensor, k: int, generator: torch.Generator | None
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
-        """``(probs B×K×C, features)``; features (same K passes, the layers the detector reads)
-        only for a fused detector."""
-        if model.detector is None:
-            return self.engine(model.network, x, k, generator), None
-        out = self.engine(model.network, x, k, generator, features=model.detector.layers)
-        return out.probs, out.features
+        """``(probs B×K×C, features)`` of this worker's engine (:func:`engine_outputs`)."""
+        return engine_outputs(self.engine, model, x, k, generator)
 
     def _run_group(self, jobs: list[Job]) -> None:
         """One engine call over the concatenated inputs of ``jobs`` (same K); split the rows.
