@@ -166,7 +166,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if from_scratch:  # Square's own start: vertical stripes of ±ε, one sign per column
         from bayesgate.attacks.methods.square import Square
 
-        stripes = Square(eps=args.eps, queries=args.queries)._stripes
+        stripes = Square(eps=args.eps, queries=args.queries).stripes
         x_adv = stripes(x, torch.Generator().manual_seed(args.seed))
     else:
         x_adv = torch.from_numpy(np.load(cache)["x_adv"]).float()

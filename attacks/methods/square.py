@@ -74,7 +74,7 @@ class Square(SquareParameters, Attack):
     def _run(
         self, query: ModelFn, x: torch.Tensor, y: torch.Tensor, rng: torch.Generator
     ) -> torch.Tensor:
-        best = self._stripes(x, rng)
+        best = self.stripes(x, rng)
         best_margin = margin(query(best), y)
         for i in range(self.queries - 1):
             active = torch.nonzero(best_margin > -self.confidence).squeeze(1)
@@ -88,7 +88,9 @@ class Square(SquareParameters, Attack):
             best_margin[active[better]] = m[better]
         return best
 
-    def _stripes(self, x: torch.Tensor, rng: torch.Generator) -> torch.Tensor:
+    def stripes(self, x: torch.Tensor, rng: torch.Generator) -> torch.Tensor:
+        """Square's start (Andriushchenko et al. 2020, Alg. 1): vertical stripes, each column of
+        each channel shifted by ``±eps`` (random signs), clipped to the pixel range."""
         b, c, _, w = x.shape
         signs = _random_signs((b, c, 1, w), rng).to(x.device, x.dtype)
         return (x + self.eps * signs).clamp(CLIP_MIN, CLIP_MAX)

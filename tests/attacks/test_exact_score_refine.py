@@ -118,7 +118,7 @@ def test_from_scratch_searches_every_eligible_digit_from_squares_stripes(
                               images=None, threads=1, json=None, save=tmp_path / "scratch.npz",
                               no_progress=True, from_scratch=True, p_init=None)  # fmt: skip
     result = refine_bench.run(args)
-    start = Square(eps=0.2, queries=3)._stripes(x, torch.Generator().manual_seed(4))
+    start = Square(eps=0.2, queries=3).stripes(x, torch.Generator().manual_seed(4))
     clean = judge(loaded.network.eval(), detector, x, y, detector.k, 1_000_007)
     before = judge(loaded.network.eval(), detector, start, y, detector.k, 1_000_007)
     assert result["from_scratch"] and result["p_init"] == 0.3
