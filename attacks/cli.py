@@ -243,8 +243,8 @@ def cmd_attack(args: argparse.Namespace) -> int:
     parameters = _attack_parameters(args)
     for name in ("k", "k_eval", "limit", "batch_size"):
         check_at_least("--" + name.replace("_", "-"), getattr(args, name))
-    set_threads(args.threads)
     writable_file(args.out, "--out", ".npz")  # before the attack, not after it
+    set_threads(args.threads)  # imports torch: after the checks above
     note_replacing("attack", [args.out])
     from bayesgate.attacks.run import run_attack  # torch: after the checks above
     from bayesgate.models.data.mnist import load_mnist
@@ -348,9 +348,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     for name in ("k", "k_eval", "limit", "batch_size", "steps"):
         check_at_least("--" + name.replace("_", "-"), getattr(args, name))
     check_at_least("--slow-limit", args.cw_limit)  # 0 read as no limit, −1 as all but one
-    set_threads(args.threads)  # recorded as torch_threads
     args.out = sweep_out(args)
     writable_dir(args.out, "--out")
+    set_threads(args.threads)  # recorded as torch_threads; imports torch, after the checks
     import torch  # after the checks above
 
     from bayesgate.attacks import sweep

@@ -41,6 +41,7 @@ from bayesgate.models.store.files import (
     REPORT_FILE,
     ROC_FILE,
 )
+from bayesgate.models.store.names import served_name_problem
 from bayesgate.models.training.config import LOSSES, LR_SCHEDULES, OPTIMIZERS, TrainConfig
 
 if TYPE_CHECKING:
@@ -257,28 +258,27 @@ def cmd_train(args: argparse.Namespace) -> int:
         )
     arch = _architecture(args)
     adversarial = adversarial_cli.adversarial_config(args, config.alpha)
+    suffix = "elbo" if args.loss == "elbo" else f"alpha{config.alpha:g}"
+    name = args.name or (f"{args.preset}" if not arch["stochastic"] else f"{args.preset}-{suffix}")
+    if (problem := served_name_problem(name)) is not None:  # `serve` would refuse the model
+        raise InvalidArgument(f"--name: {problem}")
+    out = args.out or Path("runs") / name
+    # where the run writes, checked before the training (not after it), and before torch loads
+    writable_dir(out, "--out")
+    writable_dir(Path(_checkpoint_dir(args, name)), "--checkpoint-dir")
+    if args.epoch_log is not None:
+        writable_file(args.epoch_log, "--epoch-log")
     set_threads(args.threads)
     device = pick_device(args.device)
     import torch
 
     from bayesgate.models.data.mnist import load_mnist
     from bayesgate.models.networks.registry import build_network
-    from bayesgate.models.store.checks import served_name_problem
     from bayesgate.models.store.directory import save_model
     from bayesgate.models.training import outputs as run_outputs
     from bayesgate.models.training.checkpoint import STATE_FILE, finished_run_in
 
-    suffix = "elbo" if args.loss == "elbo" else f"alpha{config.alpha:g}"
-    name = args.name or (f"{args.preset}" if not arch["stochastic"] else f"{args.preset}-{suffix}")
-    if (problem := served_name_problem(name)) is not None:  # `serve` would refuse the model
-        raise InvalidArgument(f"--name: {problem}")
-    out = args.out or Path("runs") / name
     checkpointing = _checkpointing(args, name, arch, adversarial)
-    # where the run writes, checked before the training (not after it)
-    writable_dir(out, "--out")
-    writable_dir(Path(checkpointing.directory), "--checkpoint-dir")
-    if args.epoch_log is not None:
-        writable_file(args.epoch_log, "--epoch-log")
     # --resume with this run's checkpoint continues the run that wrote --out (same name):
     # writing its model there again is the point; anything else needs --force
     held = (out / CARD_FILE).is_file()
@@ -392,6 +392,12 @@ def remove_stale_files(out: Path, flag: str = "--force") -> list[str]:
     return removed
 
 
+def _checkpoint_dir(args: argparse.Namespace, name: str) -> Path:
+    """The run's checkpoint folder: ``--checkpoint-dir``, else the user cache's folder for
+    ``name``."""
+    return args.checkpoint_dir or checkpoint_root() / name
+
+
 def _checkpointing(
     args: argparse.Namespace, name: str, arch: dict[str, Any], adversarial: AdversarialConfig | None
 ) -> Checkpointing:
@@ -399,7 +405,7 @@ def _checkpointing(
     from bayesgate.models.training.checkpoint import Checkpointing
 
     return Checkpointing(
-        directory=args.checkpoint_dir or checkpoint_root() / name,
+        directory=_checkpoint_dir(args, name),
         resume=args.resume,
         settings={"preset": args.preset, "architecture": arch, "val_size": args.val_size,
                   "limit": args.limit,

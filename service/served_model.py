@@ -36,7 +36,6 @@ from bayesgate.models.device import pick_device
 from bayesgate.models.mc.uncertainty import SCORES
 from bayesgate.models.store.bundled import model_dir_not_found
 from bayesgate.models.store.calibration import Calibration, read_calibration
-from bayesgate.models.store.checks import served_name_problem
 from bayesgate.models.store.directory import (
     CALIBRATION_FILE,
     CARD_FILE,
@@ -44,6 +43,7 @@ from bayesgate.models.store.directory import (
     ModelStoreError,
     load_model,
 )
+from bayesgate.models.store.names import served_name_problem
 from bayesgate.service.errors import StartupError
 
 

@@ -182,6 +182,12 @@ def test_every_commands_help_leaves_torch_unimported(command: str) -> None:
         (["evaluate-robust", "m", "--out", "o", "--attacks", "x"], "unknown attacks ['x']"),
         (["predict", "m", "x.png", "--seed", str(2**63)], f"--seed must be ≤ {2**63 - 1}, got"),
         (["sweep", "m", "--figure", "detection", "--k", "0"], "--k must be ≥ 1, got 0"),
+        # where a command writes, checked before torch loads too (/proc: nothing can be created)
+        (["train", "--name", "a/b"], "--name: 'a/b' contains '/'"),
+        (["train", "--out", "/proc/bayesgate-x"], "--out /proc/bayesgate-x: cannot write in"),
+        (["train", "--checkpoint-dir", "/proc/x"], "--checkpoint-dir /proc/x: cannot write in"),
+        (["attack", "m", "--out", "/proc/x.npz", "--threads", "1"], "--out /proc/x.npz: cannot"),
+        (["sweep", "m", "--figure", "6", "--out", "/proc/x"], "--out /proc/x: cannot write in"),
     ],
 )
 def test_refused_flags_answer_without_torch(argv: list[str], error: str) -> None:
