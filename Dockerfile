@@ -67,12 +67,13 @@ ENV PATH=/opt/venv/bin:$PATH \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python3 -m venv /opt/venv
 # Every pip install below takes the lock: each package at one exact version, so that two builds
-# of one commit install the same packages (deploy/lock_image.py writes it; torch and the CUDA
-# libraries it pins are not in it). Copied before torch so that torch's own dependencies (sympy,
-# networkx, jinja2, ...) are locked too.
+# of one commit install the same packages (deploy/lock_image.py writes it; torch itself is pinned
+# by TORCH_VERSION). Copied before torch so that torch's own dependencies (the CUDA libraries,
+# sympy, networkx, ...) are locked too; a new lock therefore rebuilds the torch layer.
 COPY deploy/image-constraints.txt /src/deploy/image-constraints.txt
 
-# torch first, in its own layer: the largest download, unchanged by edits to the project.
+# torch first, in its own layer: the largest download, unchanged by edits to the project (rebuilt
+# when TORCH_VERSION or the lock changes).
 FROM builder AS torch-gpu
 ARG TORCH_VERSION
 RUN pip install --no-cache-dir --constraint /src/deploy/image-constraints.txt \

@@ -10,13 +10,14 @@ install are held to their locked version.
 
 The lock is what pip resolves for ``pip install ".[ray,grpc]"`` (the package with every extra the
 image can take) on the image's interpreter — Ubuntu 24.04's Python 3.12 on x86-64 Linux — by
-pip's dry run (``--dry-run --report``: nothing is installed). Left out:
-
-- ``bayesgate`` itself;
-- ``torch``: the Dockerfile's ``TORCH_VERSION`` pins it (PyPI's CUDA build or the CPU index's
-  ``+cpu`` build of the same release);
-- the CUDA libraries (``nvidia-*``, ``cuda-*``, ``triton``): torch's own metadata pins each of
-  them exactly for the GPU build, and the CPU build has none.
+pip's dry run (``--dry-run --report``: nothing is installed; the temporary venv's pip is first
+upgraded, since a pip older than 23.3 does not report whether a release is yanked). Left out:
+``bayesgate`` itself, and ``torch``, which the Dockerfile's ``TORCH_VERSION`` pins (PyPI's CUDA
+build or the CPU index's ``+cpu`` build of the same release); the header names the torch release
+the lock was resolved with, which a test keeps equal to pyproject.toml's pin. The CUDA libraries
+of PyPI's build (``nvidia-*``, ``cuda-*``) are locked like any package — torch pins some only to a
+release series (``nvidia-cublas==13.1.1.*``) or a range (``cuda-bindings>=13.0.3,<14``) — and, as
+constraints of packages it never installs, cost the CPU build nothing.
 
 Run by hand when a dependency changes (pyproject.toml) or to take new releases; it needs PyPI,
 and a Python 3.12 interpreter (the one the image runs)::
@@ -46,9 +47,12 @@ EXTRAS = ("ray", "grpc")
 """Every extra the image can install (its ``EXTRAS`` build argument)."""
 IMAGE_PYTHON = "3.12"
 """The Python of the image's base (Ubuntu 24.04)."""
-LEFT_OUT = re.compile(r"^(bayesgate|torch|triton|nvidia-.*|cuda-.*)$")
-"""Packages the lock leaves to others: the project, torch (``TORCH_VERSION``) and the CUDA
-libraries torch pins exactly."""
+IMAGE_PLATFORM = ("linux", "x86_64")
+"""``sys_platform`` and ``platform_machine`` of the image (PyPI's CUDA build of torch is x86-64)."""
+LEFT_OUT = ("bayesgate", "torch")
+"""Packages the lock leaves to others: the project, and torch (``TORCH_VERSION``)."""
+TORCH_LINE = re.compile(r"^# torch==(\S+) ", re.MULTILINE)
+"""The header line naming the torch release the lock was resolved with."""
 
 
 class LockError(Exception):
@@ -63,20 +67,33 @@ def normalize(name: str) -> str:
 
 def pins_from_report(report: Mapping[str, Any]) -> list[tuple[str, str]]:
     """``(name, version)`` of every package pip's installation report would install, names
-    normalised and sorted, without the packages of :data:`LEFT_OUT`. A yanked release or a
-    report for another Python than :data:`IMAGE_PYTHON` is a :class:`LockError`."""
-    python = report.get("environment", {}).get("python_version")
+    normalised and sorted, without the packages of :data:`LEFT_OUT`. A yanked release, a report
+    that does not say (pip older than 23.3), or one for another Python or platform than the
+    image's is a :class:`LockError`."""
+    env = report.get("environment", {})
+    python = env.get("python_version")
     if python != IMAGE_PYTHON:
         raise LockError(
             f"the report was resolved for Python {python}, the image runs Python {IMAGE_PYTHON}: "
             f"give --python a Python {IMAGE_PYTHON} interpreter"
         )
+    platform = (env.get("sys_platform"), env.get("platform_machine"))
+    if platform != IMAGE_PLATFORM:
+        raise LockError(
+            f"the report was resolved for {platform[0]} {platform[1]}, the image is "
+            f"{' '.join(IMAGE_PLATFORM)}: run this on such a machine"
+        )
     pins: dict[str, str] = {}
     for item in report["install"]:
         name, version = normalize(item["metadata"]["name"]), item["metadata"]["version"]
-        if LEFT_OUT.match(name):
+        if name in LEFT_OUT:
             continue
-        if item.get("is_yanked"):
+        if "is_yanked" not in item:
+            raise LockError(
+                f"pip {report.get('pip_version')}'s report does not say whether a release is "
+                "yanked: resolve with pip 23.3 or newer"
+            )
+        if item["is_yanked"]:
             raise LockError(
                 f"{name}=={version} is a yanked release; pin around it in pyproject.toml"
             )
@@ -89,14 +106,22 @@ def pins_from_report(report: Mapping[str, Any]) -> list[tuple[str, str]]:
 def render(pins: Iterable[tuple[str, str]], report: Mapping[str, Any]) -> str:
     """The lock file: a header saying where it comes from, then one ``name==version`` a line."""
     env = report["environment"]
+    torch = next(
+        (
+            i["metadata"]["version"]
+            for i in report["install"]
+            if normalize(i["metadata"]["name"]) == "torch"
+        ),
+        None,
+    )
     header = [
         "# The Docker image's Python packages, one exact version each, used as pip constraints by",
         "# every `pip install` of the Dockerfile. Generated — do not edit; regenerate with",
         f"#   python deploy/lock_image.py --python python{IMAGE_PYTHON}",
         f'# Resolved: pip install ".[{",".join(EXTRAS)}]" for Python {env["python_version"]} on '
         f"{env['sys_platform']} {env['platform_machine']} (pip {report['pip_version']});",
-        "# left out: bayesgate, torch (the Dockerfile's TORCH_VERSION) and the CUDA libraries",
-        "# (torch pins them).",
+        f"# torch=={torch} resolved with it, not locked here: the Dockerfile's TORCH_VERSION",
+        "# installs it (left out too: bayesgate).",
     ]
     return "\n".join([*header, *(f"{name}=={version}" for name, version in pins)]) + "\n"
 
@@ -124,12 +149,12 @@ def resolve(python: str, root: Path = REPO_ROOT) -> dict[str, Any]:
     virtual environment (so nothing installed elsewhere counts) and a dry run."""
     with tempfile.TemporaryDirectory(prefix="bayesgate-lock-") as tmp:
         venv, report = Path(tmp) / "venv", Path(tmp) / "report.json"
+        pip = [str(venv / "bin" / "python"), "-m", "pip"]
         steps = [
             [python, "-m", "venv", str(venv)],
+            [*pip, "install", "--quiet", "--upgrade", "pip>=23.3"],  # reports is_yanked
             [
-                str(venv / "bin" / "python"),
-                "-m",
-                "pip",
+                *pip,
                 "install",
                 "--dry-run",
                 "--ignore-installed",
@@ -169,7 +194,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lock_image: error: {exc}", file=sys.stderr)
         return 2
     text = render(pins, report)
-    old = read_lock(args.out.read_text()) if args.out.is_file() else {}
+    try:
+        old = read_lock(args.out.read_text()) if args.out.is_file() else {}
+    except ValueError as exc:  # a file this script did not write: replaced, unless --check
+        if args.check:
+            print(f"lock_image: error: {args.out}: {exc}", file=sys.stderr)
+            return 2
+        old = {}
     new = dict(pins)
     changes = [
         f"  {name}: {old.get(name, '-')} -> {new.get(name, '-')}"

@@ -56,10 +56,15 @@ def test_the_lock_is_the_scripts_output_with_nothing_left_to_others() -> None:
     text = lock_image.LOCK_FILE.read_text()
     locked = lock_image.read_lock(text)
     assert list(locked) == sorted(locked)
-    assert not [name for name in locked if lock_image.LEFT_OUT.match(name)]
+    assert not [name for name in locked if name in lock_image.LEFT_OUT]
     assert "python deploy/lock_image.py --python python3.12" in text
+    # resolved with the torch release the image installs (pyproject's pin = TORCH_VERSION)
+    (torch,) = lock_image.TORCH_LINE.findall(text)
+    (pin,) = [r for r in _pyproject_requirements() if r.name == "torch"]
+    assert str(pin.specifier) == f"=={torch}", (pin, torch)
     # torch's own dependencies are locked too (the torch layers install with the lock)
     assert {"sympy", "networkx", "jinja2", "filelock", "fsspec", "typing-extensions"} <= set(locked)
+    assert {"nvidia-cublas", "nvidia-cudnn-cu13", "cuda-bindings"} <= set(locked)  # GPU build's
 
 
 def test_every_pip_install_of_the_dockerfile_takes_the_lock(dockerfile: Dockerfile) -> None:
@@ -70,6 +75,8 @@ def test_every_pip_install_of_the_dockerfile_takes_the_lock(dockerfile: Dockerfi
         if "pip install" in run.args
     ]
     assert {name for name, _ in installs} == {"torch-gpu", "torch-cpu", "venv"}
+    for torch_stage in ("torch-gpu", "torch-cpu"):  # both built on the stage the lock is copied in
+        assert dockerfile.stage(torch_stage).base == "builder"
     for name, run in installs:
         assert f"--constraint {LOCK_IN_IMAGE}" in run.args, f"Dockerfile:{run.line} ({name})"
     # the lock is copied where those commands read it, in the stage both torch stages build on
@@ -78,7 +85,9 @@ def test_every_pip_install_of_the_dockerfile_takes_the_lock(dockerfile: Dockerfi
     assert not dockerignore_excludes(read_dockerignore(), "deploy/image-constraints.txt")
 
 
-def _report(python: str = "3.12", **extra: dict[str, Any]) -> dict[str, Any]:
+def _report(
+    python: str = "3.12", machine: str = "x86_64", **extra: dict[str, Any]
+) -> dict[str, Any]:
     """A pip installation report (``pip install --dry-run --report``), cut to the fields read."""
     packages = [
         ("bayesgate", "0.1.0"),
@@ -95,7 +104,7 @@ def _report(python: str = "3.12", **extra: dict[str, Any]) -> dict[str, Any]:
         "environment": {
             "python_version": python,
             "sys_platform": "linux",
-            "platform_machine": "x86_64",
+            "platform_machine": machine,
         },
         "install": [
             {
@@ -110,10 +119,18 @@ def _report(python: str = "3.12", **extra: dict[str, Any]) -> dict[str, Any]:
 
 def test_pins_from_a_report_normalised_sorted_and_without_torchs_own() -> None:
     pins = lock_image.pins_from_report(_report())
-    assert pins == [("fastapi", "0.165.0"), ("jinja2", "3.1.6"), ("prometheus-client", "0.26.0")]
+    assert pins == [
+        ("cuda-toolkit", "13.0.3.0"),
+        ("fastapi", "0.165.0"),
+        ("jinja2", "3.1.6"),
+        ("nvidia-cublas", "13.1.1.3"),
+        ("prometheus-client", "0.26.0"),
+        ("triton", "3.6.0"),
+    ]
     text = lock_image.render(pins, _report())
     assert lock_image.read_lock(text) == dict(pins)
     assert 'pip install ".[ray,grpc]" for Python 3.12 on linux x86_64 (pip 26.3)' in text
+    assert lock_image.TORCH_LINE.findall(text) == ["2.13.0"]
 
 
 def test_a_report_that_cannot_be_a_lock_is_refused_by_name() -> None:
@@ -121,8 +138,16 @@ def test_a_report_that_cannot_be_a_lock_is_refused_by_name() -> None:
         lock_image.pins_from_report(_report("3.11"))
     with pytest.raises(lock_image.LockError, match=r"fastapi==0\.165\.0 is a yanked release"):
         lock_image.pins_from_report(_report(fastapi={"is_yanked": True}))
+    with pytest.raises(lock_image.LockError, match=r"resolved for linux aarch64, the image is"):
+        lock_image.pins_from_report(_report(machine="aarch64"))
+    silent = _report()  # pip < 23.3: no is_yanked in the report
+    del silent["install"][-1]["is_yanked"]
+    with pytest.raises(lock_image.LockError, match=r"does not say whether a release is yanked"):
+        lock_image.pins_from_report(silent)
     twice = _report()
-    twice["install"].append({"metadata": {"name": "jinja2", "version": "3.0.0"}})
+    twice["install"].append(
+        {"metadata": {"name": "jinja2", "version": "3.0.0"}, "is_yanked": False}
+    )
     with pytest.raises(lock_image.LockError, match=r"jinja2 resolved twice: 3\.1\.6 and 3\.0\.0"):
         lock_image.pins_from_report(twice)
 
@@ -158,7 +183,12 @@ def test_check_and_rewrite_without_the_network(
     assert lock_image.main(["--out", str(lock)]) == 0
     assert lock.read_text() == lock_image.render(lock_image.pins_from_report(report), report)
     assert lock_image.main(["--check", "--out", str(lock)]) == 0
-    assert "up to date (3 packages)" in capsys.readouterr().out
+    assert "up to date (6 packages)" in capsys.readouterr().out
+    lock.write_text("not a lock\n")  # a file the script did not write: --check says so
+    assert lock_image.main(["--check", "--out", str(lock)]) == 2
+    assert "line 1: 'not a lock' is not name==version" in capsys.readouterr().err
+    assert lock_image.main(["--out", str(lock)]) == 0  # and a rewrite replaces it
+    assert lock_image.read_lock(lock.read_text()) == dict(lock_image.pins_from_report(report))
 
     def fails(python: str) -> dict[str, Any]:
         raise lock_image.LockError(f"no such interpreter: {python}")
