@@ -6,13 +6,16 @@ how ``detect-eval``, ``adaptive-eval`` and ``evaluate-robust`` resume from their
 adversarial examples — and say so on stderr, one line before the work, so that a result the user
 meant to keep can still be saved (Ctrl-C).
 
-:func:`write_atomically` is how the project replaces a file in place — results, caches of
-adversarial examples, checkpoints, model stores, the service's shared admin state, the native
-library: written beside the target and renamed, so a reader sees the old file or the new one.
+:func:`write_atomically` is how the project replaces a file that something else may read while
+it is written — caches of adversarial examples, checkpoints, model stores, the service's shared
+admin state, the native library, ``predict``'s answers: written beside the target and renamed,
+so a reader sees the old file or the new one. (The report files of ``detect-eval``, ``sweep`` and
+the like are still written in place: a run that fails halfway leaves them half-written.)
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import tempfile
@@ -53,7 +56,9 @@ def write_atomically(
     """``write(stream)`` into a temporary file beside ``path``, renamed to ``path`` once it
     returns: a reader never sees a half-written file, and a failure or Ctrl-C leaves ``path`` as
     it was and no temporary behind. The file gets the usual permissions (``0o666`` less the
-    umask), not ``mkstemp``'s ``0o600``.
+    umask), not ``mkstemp``'s ``0o600`` — set before the data is written, so ``fsync`` covers it
+    too; where the file system keeps no modes (``EPERM``/``ENOTSUP``: vfat, some network
+    mounts), the file is written as it allows.
 
     ``stream`` is UTF-8 text (newlines written as given), or bytes with ``binary=True``. With
     ``fsync=True`` the data is on disk before the rename and the rename is on disk when this
@@ -61,6 +66,11 @@ def write_atomically(
     content, whole."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        try:
+            os.fchmod(fd, 0o666 & ~_umask())
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
+                raise
         if binary:
             stream: IO[Any] = os.fdopen(fd, "wb")
         else:
@@ -70,7 +80,6 @@ def write_atomically(
             if fsync:
                 stream.flush()
                 os.fsync(stream.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -4,6 +4,7 @@ replaced whole, with the umask's permissions, and nothing is left behind when th
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from collections.abc import Iterator
@@ -153,3 +154,44 @@ def test_write_atomically_fsyncs_the_file_and_its_folder_only_when_asked(
     assert target.read_bytes() == b"two"
     assert len(synced) == 2 and synced[1] == "folder"
     assert Path(synced[0]).parent == tmp_path and Path(synced[0]).name.startswith(".state.json.")
+
+
+@pytest.mark.usefixtures("umask_027")
+def test_write_atomically_sets_the_mode_before_the_data_so_fsync_covers_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    modes: list[int] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            modes.append(stat.S_IMODE(os.fstat(fd).st_mode))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    write_atomically(tmp_path / "state.json", lambda out: out.write("{}"), fsync=True)
+    assert modes == [0o640]
+
+
+@pytest.mark.parametrize(
+    ("code", "written"), [(errno.EPERM, True), (errno.ENOTSUP, True), (errno.EIO, False)]
+)
+def test_write_atomically_on_a_file_system_without_modes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, written: bool
+) -> None:
+    """Where the file system keeps no modes (vfat, some network mounts: fchmod fails with
+    EPERM or ENOTSUP) the file is still written; any other error is raised, nothing left."""
+
+    def fchmod(fd: int, mode: int) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "fchmod", fchmod)
+    target = tmp_path / "out.json"
+    if written:
+        write_atomically(target, lambda out: out.write("new"))
+        assert target.read_text() == "new"
+    else:
+        with pytest.raises(OSError, match=os.strerror(errno.EIO)):
+            write_atomically(target, lambda out: out.write("new"))
+        assert not target.exists()
+    assert os.listdir(tmp_path) == (["out.json"] if written else [])

@@ -45,7 +45,7 @@ class Checkpointing:
     """Where a run keeps its checkpoint and whether to continue from it.
 
     ``settings`` are extra run settings (architecture, data) that must equal the checkpoint's on
-    resume, besides the :class:`~bayesgate.models.training.train.TrainConfig` fields."""
+    resume, besides the :class:`~bayesgate.models.training.config.TrainConfig` fields."""
 
     directory: Path
     resume: bool = False
