@@ -28,6 +28,7 @@ from bayesgate.attacks.specs import (
     DETECTION_ATTACKS,
     attack_of,
     build_parameters,
+    parse_parameter_list,
     parse_parameters,
     spec_help,
     spec_needs,
@@ -284,6 +285,7 @@ def cmd_attack(args: argparse.Namespace) -> int:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     for name in ("k", "k_attack", "val_limit", "test_limit", "batch_size"):
         check_at_least("--" + name.replace("_", "-"), getattr(args, name))
+    parse_parameter_list(args.attacks)  # a bad spec is refused now, not after the model loads
     set_threads(args.threads)
     from bayesgate.attacks.calibrate import calibrate  # torch: after the checks above
     from bayesgate.attacks.detector_cli import detector_reference
@@ -348,6 +350,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     for name in ("k", "k_eval", "limit", "batch_size", "steps"):
         check_at_least("--" + name.replace("_", "-"), getattr(args, name))
     check_at_least("--slow-limit", args.cw_limit)  # 0 read as no limit, −1 as all but one
+    if args.figure == "detection":  # figures 6 and 7 take no --attacks
+        parse_parameter_list(args.attacks or DETECTION_ATTACKS)
     args.out = sweep_out(args)
     writable_dir(args.out, "--out")
     set_threads(args.threads)  # recorded as torch_threads; imports torch, after the checks

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from bayesgate.attacks.specs import DEFAULT_ATTACKS
+from bayesgate.attacks.specs import DEFAULT_ATTACKS, parse_parameter_list
 from bayesgate.errors import InvalidArgument
 
 RULES = ("min-p", "logistic")
@@ -47,6 +47,7 @@ class FitSettings:
     batch_size: int = 100
 
     def check(self) -> None:
+        parse_parameter_list(self.attacks)  # the specs, before the features are extracted
         for name in ("fit_images", "threshold_images", "attack_images", "kde_per_class"):
             if getattr(self, name) < 1:
                 raise InvalidArgument(

@@ -182,6 +182,10 @@ def test_every_commands_help_leaves_torch_unimported(command: str) -> None:
         (["evaluate-robust", "m", "--out", "o", "--attacks", "x"], "unknown attacks ['x']"),
         (["predict", "m", "x.png", "--seed", str(2**63)], f"--seed must be ≤ {2**63 - 1}, got"),
         (["sweep", "m", "--figure", "detection", "--k", "0"], "--k must be ≥ 1, got 0"),
+        # attack specs, parsed without torch before the model loads
+        (["calibrate", "m", "--attacks", "pgd:eps=5"], "pgd eps must be in (0, 1], got 5.0"),
+        (["fit-detector", "m", "--attacks", "fgs", "fgs"], "attack(s) listed twice: fgs"),
+        (["sweep", "m", "--figure", "detection", "--attacks", "nope"], "unknown attack 'nope'"),
         # where a command writes, checked before torch loads too (/proc: nothing can be created)
         (["train", "--name", "a/b"], "--name: 'a/b' contains '/'"),
         (["train", "--out", "/proc/bayesgate-x"], "--out /proc/bayesgate-x: cannot write in"),
