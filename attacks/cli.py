@@ -286,6 +286,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     for name in ("k", "k_attack", "val_limit", "test_limit", "batch_size"):
         check_at_least("--" + name.replace("_", "-"), getattr(args, name))
     parse_parameter_list(args.attacks)  # a bad spec is refused now, not after the model loads
+    writable_dir(args.model, "MODEL")  # calibration.json and the report go there, at the end
     set_threads(args.threads)
     from bayesgate.attacks.calibrate import calibrate  # torch: after the checks above
     from bayesgate.attacks.detector_cli import detector_reference

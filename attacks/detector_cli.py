@@ -19,7 +19,7 @@ from typing import Any
 
 from bayesgate.attacks.fit_settings import OUTLIER_KINDS, RULES, FitSettings
 from bayesgate.attacks.specs import spec_needs
-from bayesgate.errors import InvalidArgument
+from bayesgate.errors import InvalidArgument, writable_dir
 from bayesgate.models.device import DEVICE_CHOICES, add_threads_flag, pick_device, set_threads
 
 
@@ -125,6 +125,7 @@ def cmd_fit_detector(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
     )
     settings.check()  # before loading the model and extracting features
+    writable_dir(args.model, "MODEL")  # the detector files go there, after the fit
     set_threads(args.threads)
     from bayesgate.attacks.detector_fit import fit_detector  # torch: after the checks
     from bayesgate.models.store.directory import load_model

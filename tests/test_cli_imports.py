@@ -187,6 +187,8 @@ def test_every_commands_help_leaves_torch_unimported(command: str) -> None:
         (["fit-detector", "m", "--attacks", "fgs", "fgs"], "attack(s) listed twice: fgs"),
         (["sweep", "m", "--figure", "detection", "--attacks", "nope"], "unknown attack 'nope'"),
         # where a command writes, checked before torch loads too (/proc: nothing can be created)
+        (["calibrate", "/proc/m"], "MODEL /proc/m: cannot write in /proc"),
+        (["fit-detector", "/proc/m"], "MODEL /proc/m: cannot write in /proc"),
         (["train", "--name", "a/b"], "--name: 'a/b' contains '/'"),
         (["train", "--out", "/proc/bayesgate-x"], "--out /proc/bayesgate-x: cannot write in"),
         (["train", "--checkpoint-dir", "/proc/x"], "--checkpoint-dir /proc/x: cannot write in"),
