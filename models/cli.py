@@ -53,8 +53,6 @@ if TYPE_CHECKING:
     from bayesgate.models.training.checkpoint import Checkpointing
     from bayesgate.models.training.train import TrainResult
 
-DEFAULT_MOMENTUM = 0.9
-DEFAULT_BETA_SCHEDULE = "blundell"
 STALE_FILES = (
     CALIBRATION_FILE,
     REPORT_FILE,
@@ -108,6 +106,7 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
 
 def _network_flags(p: argparse.ArgumentParser) -> None:
     """The network and its objective: preset, α, loss, BBB options."""
+    d = TrainConfig()  # the defaults of the flags that set its fields
     p.add_argument(
         "--preset",
         default="mlp-2x100",
@@ -117,20 +116,20 @@ def _network_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--alpha",
         type=float,
-        default=None,
-        help="BB-α α; 0 = VI (default 0.5 for --loss bbalpha, 0 for --loss elbo)",
+        default=None,  # None: by --loss, TrainConfig's α or 0 (_resolve_alpha)
+        help=f"BB-α α; 0 = VI (default {d.alpha:g} for --loss bbalpha, 0 for --loss elbo)",
     )
     p.add_argument(
         "--loss",
         choices=LOSSES,
-        default="bbalpha",
+        default=d.loss,
         help="bbalpha, or elbo (= α 0; for bbb-* presets NLL·N + β·KL) (default %(default)s)",
     )
     p.add_argument(
         "--beta-schedule",
-        default=DEFAULT_BETA_SCHEDULE,
+        default=d.beta_schedule,
         help="bbb-* only: KL weight per minibatch, blundell (2^(M-i)/(2^M-1)), uniform (1/M) "
-        f"or a constant number (default {DEFAULT_BETA_SCHEDULE})",
+        f"or a constant number (default {d.beta_schedule})",
     )
     p.add_argument(
         "--sampling",
@@ -142,46 +141,54 @@ def _network_flags(p: argparse.ArgumentParser) -> None:
 
 def _optimisation_flags(p: argparse.ArgumentParser) -> None:
     """MC samples, epochs, optimiser, learning rate and its schedule, regularisation."""
+    d = TrainConfig()  # the defaults of the flags that set its fields
     p.add_argument(
         "--k-train",
         type=int,
-        default=10,
+        default=d.k_train,
         help="MC samples per training example (default %(default)s)",
     )
-    p.add_argument("--epochs", type=int, default=10, help="passes over the training images")
+    p.add_argument("--epochs", type=int, default=d.epochs, help="passes over the training images")
     p.add_argument(
         "--k-val",
         type=int,
-        default=10,
+        default=d.k_val,
         help="MC samples of the per-epoch validation (default %(default)s)",
     )
-    p.add_argument("--batch-size", type=int, default=128, help="training images per minibatch")
-    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adam", help="optimiser")
-    p.add_argument("--lr", type=float, default=1e-3, help="learning rate")
+    p.add_argument(
+        "--batch-size", type=int, default=d.batch_size, help="training images per minibatch"
+    )
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default=d.optimizer, help="optimiser")
+    p.add_argument("--lr", type=float, default=d.lr, help="learning rate")
     p.add_argument(
         "--momentum",
         type=float,
-        default=DEFAULT_MOMENTUM,
-        help=f"--optimizer sgd only: momentum (default {DEFAULT_MOMENTUM:g}; Li & Gal's Keras "
+        default=d.momentum,
+        help=f"--optimizer sgd only: momentum (default {d.momentum:g}; Li & Gal's Keras "
         "code: plain SGD, 0)",
     )
     p.add_argument(
         "--lr-schedule",
         choices=LR_SCHEDULES,
-        default="constant",
+        default=d.lr_schedule,
         help="constant, or cosine annealing to 0 over the run (per minibatch)",
     )
-    p.add_argument("--weight-decay", type=float, default=1e-6, help="λ of λ·Σ‖W‖² (paper: 1e-6)")
+    p.add_argument(
+        "--weight-decay", type=float, default=d.weight_decay, help="λ of λ·Σ‖W‖² (paper: 1e-6)"
+    )
     p.add_argument("--p", type=float, default=None, help="dropout rate (default: the preset's)")
     p.add_argument(
-        "--seed", type=int, default=0, help="seed of the initial weights, minibatches and masks"
+        "--seed",
+        type=int,
+        default=d.seed,
+        help="seed of the initial weights, minibatches and masks",
     )
     p.add_argument(
-        "--patience", type=int, default=0, help="early stopping on validation LL; 0 = off"
+        "--patience", type=int, default=d.patience, help="early stopping on validation LL; 0 = off"
     )
     p.add_argument(
         "--keep-best",
-        action="store_true",
+        action="store_true",  # False: TrainConfig's keep_best (tests/models/test_cli_defaults.py)
         help="train every epoch but end with the weights of the best validation LL "
         "(kept in the checkpoint too)",
     )
@@ -478,13 +485,14 @@ def _train_config(args: argparse.Namespace) -> TrainConfig:
     (``--momentum`` without SGD, ``--beta-schedule`` without a bbb-* preset) is refused rather
     than recorded unused — a checkpoint would then refuse a later run over a setting that never
     mattered. Its default stays accepted everywhere: every card's recorded command names it."""
-    if args.momentum != DEFAULT_MOMENTUM and args.optimizer != "sgd":
+    default = TrainConfig()
+    if args.momentum != default.momentum and args.optimizer != "sgd":
         raise InvalidArgument(
             f"--momentum applies to --optimizer sgd only, not {args.optimizer} (got "
             f"{args.momentum:g})"
         )
     bbb = "sampling" in preset_architecture(args.preset)
-    if args.beta_schedule != DEFAULT_BETA_SCHEDULE and not bbb:
+    if args.beta_schedule != default.beta_schedule and not bbb:
         raise InvalidArgument(
             f"--beta-schedule applies to the bbb-* presets only, not {args.preset} (got "
             f"{args.beta_schedule})"
@@ -631,9 +639,10 @@ def _check_card_writable(args: argparse.Namespace) -> None:
 
 
 def _resolve_alpha(loss: str, alpha: float | None) -> float:
-    """α of the run: 0 for the ELBO (another explicit α is a contradiction), else 0.5 default."""
+    """α of the run: 0 for the ELBO (another explicit α is a contradiction), else ``alpha`` or
+    :class:`TrainConfig`'s default."""
     if loss == "elbo":
         if alpha not in (None, 0.0):
             raise InvalidArgument(f"--loss elbo is BB-α with α = 0; drop --alpha {alpha:g}")
         return 0.0
-    return 0.5 if alpha is None else alpha
+    return TrainConfig().alpha if alpha is None else alpha

@@ -32,40 +32,49 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "uci", help="BB-α dropout regression on a UCI benchmark (Li & Gal 2017, Tables 1–2)"
     )
+    d = UCIConfig()  # the defaults of the flags that set its fields (FLAGS: where not by name)
     p.add_argument("--dataset", required=True, help="folder name under <data>/uci or an alias")
     p.add_argument(
         "--alpha",
         type=float,
         nargs="+",
-        default=[0.0, 0.5, 1.0],
+        default=list(d.alphas),
         help="α value(s), trained together",
     )
     p.add_argument("--splits", type=int, default=None, help="first N standard splits (default all)")
-    p.add_argument("--epochs", type=int, default=None, help="default: the folder's n_epochs.txt")
-    p.add_argument("--k-train", type=int, default=10, help="MC samples per training example")
-    p.add_argument("--k-val", type=int, default=100, help="MC samples for grid selection")
-    p.add_argument("--k-test", type=int, default=10_000, help="MC samples at test (Gal: 10000)")
-    p.add_argument("--batch-size", type=int, default=128, help="minibatch size")
-    p.add_argument("--lr", type=float, default=1e-2, help="Adam learning rate")
-    p.add_argument("--lengthscale", type=float, default=1e-2, help="prior length-scale l")
-    p.add_argument("--dropout-rates", type=float, nargs="+", default=None, help="override grid")
-    p.add_argument("--tau-values", type=float, nargs="+", default=None, help="override grid")
+    p.add_argument(
+        "--epochs", type=int, default=d.epochs, help="default: the folder's n_epochs.txt"
+    )
+    p.add_argument("--k-train", type=int, default=d.k_train, help="MC samples per training example")
+    p.add_argument("--k-val", type=int, default=d.k_val, help="MC samples for grid selection")
+    p.add_argument("--k-test", type=int, default=d.k_test, help="MC samples at test (Gal: 10000)")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="minibatch size")
+    p.add_argument("--lr", type=float, default=d.lr, help="Adam learning rate")
+    p.add_argument("--lengthscale", type=float, default=d.lengthscale, help="prior length-scale l")
+    p.add_argument(
+        "--dropout-rates", type=float, nargs="+", default=d.dropout_rates, help="override grid"
+    )
+    p.add_argument(
+        "--tau-values", type=float, nargs="+", default=d.tau_values, help="override grid"
+    )
     p.add_argument(
         "--learn-tau",
-        action="store_true",
+        action="store_true",  # False: UCIConfig's learn_tau (tests/models/test_cli_defaults.py)
         help="learn the noise precision τ with the weights under the BB-α energy (no τ grid)",
     )
     p.add_argument(
-        "--tau-init", type=float, default=1.0, help="learned τ's start in standardised units"
+        "--tau-init", type=float, default=d.tau_init, help="learned τ's start in standardised units"
     )
-    p.add_argument("--tau-lr", type=float, default=0.1, help="Adam rate of the learned log τ")
-    p.add_argument("--hidden", type=int, default=None, help="default: the folder's n_hidden.txt")
+    p.add_argument("--tau-lr", type=float, default=d.tau_lr, help="Adam rate of the learned log τ")
+    p.add_argument(
+        "--hidden", type=int, default=d.hidden, help="default: the folder's n_hidden.txt"
+    )
     p.add_argument(
         "--no-refit",
-        action="store_true",
+        action="store_true",  # sets refit=False: UCIConfig's refit is True
         help="test the selected grid net (trained on 80%%) instead of retraining on the split",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the splits' training")
+    p.add_argument("--seed", type=int, default=d.seed, help="seed of the splits' training")
     add_threads_flag(p)
     p.add_argument("--data-dir", type=Path, default=None, help="default $BAYESGATE_DATA_DIR")
     p.add_argument("--out", type=Path, default=None, help="default runs/uci/<dataset>")
