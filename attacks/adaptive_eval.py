@@ -38,7 +38,7 @@ from bayesgate.models.mc.dropout import mc_sampling
 from bayesgate.models.mc.engine import mc_logits_features
 from bayesgate.models.mc.uncertainty import predictive_mean
 from bayesgate.models.store.directory import LoadedModel
-from bayesgate.outputs import write_atomically
+from bayesgate.outputs import write_atomically, write_text_atomically
 
 
 def detector_score_fn(
@@ -290,8 +290,8 @@ def write_adaptive(result: dict[str, Any], out: Path | str) -> dict[str, Path]:
     Path(out).mkdir(parents=True, exist_ok=True)
     paths = adaptive_paths(out)
     clean = json.loads(json.dumps(result, default=float))
-    paths["json"].write_text(json.dumps(clean, indent=2, ensure_ascii=False) + "\n")
-    paths["md"].write_text(adaptive_table(result))
+    write_text_atomically(paths["json"], json.dumps(clean, indent=2, ensure_ascii=False) + "\n")
+    write_text_atomically(paths["md"], adaptive_table(result))
     return paths
 
 

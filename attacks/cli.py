@@ -38,7 +38,7 @@ from bayesgate.extras import Need
 from bayesgate.models.device import DEVICE_CHOICES, add_threads_flag, pick_device, set_threads
 from bayesgate.models.mc.options import SCORE_NAMES
 from bayesgate.models.store.bundled import READ_MODEL_HELP, model_to_read
-from bayesgate.outputs import note_replacing
+from bayesgate.outputs import note_replacing, write_text_atomically
 
 FIGURES = ("6", "7", "detection")
 PARAM_DEST = "attack_param_"
@@ -494,7 +494,7 @@ def _write_sweep(
             "FGS step size η",
             title=f"Untargeted FGS, {images} MNIST test images",
         )
-        (out / "figure6.md").write_text(sweep.curve_table(rows, *sweep.FIGURE6_TABLE))
+        write_text_atomically(out / "figure6.md", sweep.curve_table(rows, *sweep.FIGURE6_TABLE))
     elif figure == "7":
         sweep_plot(
             rows,
@@ -508,9 +508,9 @@ def _write_sweep(
             f"targeted FGS steps (η={meta['eta']:g})",
             title=f"Targeted attack to class 0, {images} non-zero MNIST test digits",
         )
-        (out / "figure7.md").write_text(sweep.curve_table(rows, *sweep.FIGURE7_TABLE))
+        write_text_atomically(out / "figure7.md", sweep.curve_table(rows, *sweep.FIGURE7_TABLE))
     else:
-        (out / "detection.md").write_text(sweep.detection_table(rows))
+        write_text_atomically(out / "detection.md", sweep.detection_table(rows))
     sweep.write_csv(rows, out / f"{stem}.csv")
     text = json.dumps({**meta, "rows": rows}, indent=2, ensure_ascii=False)
-    (out / f"{stem}.json").write_text(text + "\n")
+    write_text_atomically(out / f"{stem}.json", text + "\n")

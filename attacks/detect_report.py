@@ -6,13 +6,14 @@ import csv
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 from matplotlib.figure import Figure
 
 from bayesgate.attacks.detect_eval import DetectionEval
 from bayesgate.attacks.metrics import roc_curve
+from bayesgate.outputs import write_atomically, write_text_atomically
 
 TABLE_SCORES = (
     "predictive_entropy",
@@ -72,9 +73,11 @@ def write_detect_eval(result: DetectionEval, out: Path | str) -> dict[str, Path]
     Path(out).mkdir(parents=True, exist_ok=True)
     data = result.to_json()
     paths = detect_eval_paths(out)
-    paths["json"].write_text(json.dumps(_finite(data), indent=2, ensure_ascii=False) + "\n")
+    write_text_atomically(
+        paths["json"], json.dumps(_finite(data), indent=2, ensure_ascii=False) + "\n"
+    )
     _write_csv(data["rows"], paths["csv"])
-    paths["md"].write_text(markdown_tables(data))
+    write_text_atomically(paths["md"], markdown_tables(data))
     roc_grid(result, paths["roc"])
     return paths
 
@@ -84,7 +87,7 @@ def _positives(row: dict[str, Any]) -> int:
 
 
 def _write_csv(rows: list[dict[str, Any]], path: Path) -> None:
-    with path.open("w", newline="") as f:
+    def write(f: IO[str]) -> None:
         writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
         writer.writeheader()
         for row in rows:
@@ -100,6 +103,8 @@ def _write_csv(rows: list[dict[str, Any]], path: Path) -> None:
                         **{k: m.get(k) for k in CSV_FIELDS[6:]},
                     }
                 )
+
+    write_atomically(path, write)
 
 
 def _fmt(value: Any, digits: int = 3) -> str:

@@ -10,6 +10,7 @@ from bayesgate.attacks.calibrate import SCORE_LABELS, CalibrationRun
 from bayesgate.attacks.plots import histogram_plot, roc_plot
 from bayesgate.models.store.calibration import Calibration
 from bayesgate.models.store.files import HIST_FILE, REPORT_FILE, ROC_FILE
+from bayesgate.outputs import write_text_atomically
 
 
 def fmt(value: Any, digits: int = 3) -> str:
@@ -33,7 +34,7 @@ def write_report(run: CalibrationRun, directory: Path | str, model_name: str) ->
     directory = Path(directory)
     write_plots(run, directory, model_name)
     path = directory / REPORT_FILE
-    path.write_text(report_text(run, model_name))
+    write_text_atomically(path, report_text(run, model_name))
     return path
 
 

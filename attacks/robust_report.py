@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bayesgate.outputs import write_text_atomically
+
 ADAPTIVE_KEY = "misclassified_not_flagged"
 
 
@@ -20,8 +22,8 @@ def write_outputs(result: dict[str, Any], out: Path) -> dict[str, Path]:
     """Write the three files into ``out``; returns their paths."""
     out.mkdir(parents=True, exist_ok=True)
     paths = output_paths(out)
-    paths["json"].write_text(json.dumps(result, indent=2) + "\n")
-    paths["markdown"].write_text(markdown_table(result))
+    write_text_atomically(paths["json"], json.dumps(result, indent=2) + "\n")
+    write_text_atomically(paths["markdown"], markdown_table(result))
     robust_plot(result, paths["plot"])
     return paths
 

@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
@@ -29,6 +29,7 @@ from bayesgate.attacks.specs import DETECTION_ATTACKS, parse_attack
 from bayesgate.models.mc.engine import mc_predict
 from bayesgate.models.mc.uncertainty import mutual_information, predictive_entropy, predictive_mean
 from bayesgate.models.store.directory import LoadedModel
+from bayesgate.outputs import write_atomically
 
 FIGURE6_ETAS = tuple(round(0.05 * i, 2) for i in range(11))  # 0, 0.05, …, 0.5
 
@@ -392,11 +393,14 @@ def write_csv(rows: Sequence[dict[str, Any]], path: Path | str) -> Path:
         raise ValueError("no rows to write")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
+
+    def write(f: IO[str]) -> None:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         for row in rows:
             writer.writerow({k: _cell(v) for k, v in row.items()})
+
+    write_atomically(path, write)
     return path
 
 

@@ -8,9 +8,9 @@ meant to keep can still be saved (Ctrl-C).
 
 :func:`write_atomically` is how the project replaces a file that something else may read while
 it is written — caches of adversarial examples, checkpoints, model stores, the service's shared
-admin state, the native library, ``predict``'s answers: written beside the target and renamed,
-so a reader sees the old file or the new one. (The report files of ``detect-eval``, ``sweep`` and
-the like are still written in place: a run that fails halfway leaves them half-written.)
+admin state, the native library, ``predict``'s answers, the commands' reports and tables
+(:func:`write_text_atomically`): written beside the target and renamed, so a reader — or the next
+``sweep --append`` — sees the old file or the new one, never half of one.
 """
 
 from __future__ import annotations
@@ -90,6 +90,11 @@ def write_atomically(
             os.fsync(folder)
         finally:
             os.close(folder)
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    """``path.write_text(text)`` (UTF-8), through :func:`write_atomically`."""
+    write_atomically(path, lambda stream: stream.write(text))
 
 
 def _umask() -> int:

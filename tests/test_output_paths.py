@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from bayesgate.errors import InvalidArgument, writable_dir, writable_file
-from bayesgate.outputs import write_atomically
+from bayesgate.outputs import write_atomically, write_text_atomically
 
 
 def test_a_writable_file_path_passes_and_its_folders_are_made(tmp_path: Path) -> None:
@@ -195,3 +195,12 @@ def test_write_atomically_on_a_file_system_without_modes(
             write_atomically(target, lambda out: out.write("new"))
         assert not target.exists()
     assert os.listdir(tmp_path) == (["out.json"] if written else [])
+
+
+def test_write_text_atomically_writes_utf8_as_given(tmp_path: Path) -> None:
+    """The reports' writer: UTF-8 whatever the locale, newlines untranslated, no temporary."""
+    target = tmp_path / "report.md"
+    target.write_text("old")
+    write_text_atomically(target, "ε = 0.3 → 1.4 %\r\nnext\n")
+    assert target.read_bytes() == "ε = 0.3 → 1.4 %\r\nnext\n".encode()
+    assert os.listdir(tmp_path) == ["report.md"]

@@ -16,13 +16,14 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from tqdm.auto import tqdm
 
 from bayesgate.errors import InvalidArgument, writable_dir, writable_file
 from bayesgate.models.device import add_threads_flag, set_threads
 from bayesgate.models.uci.config import UCIConfig, UCIConfigError
+from bayesgate.outputs import write_atomically, write_text_atomically
 
 SUMMARY_FILE = "summary.json"
 RESULTS_FILE = "results.csv"
@@ -134,7 +135,7 @@ def cmd_uci(args: argparse.Namespace) -> int:
             "summary": summary,
             "grid_edges": edges,
         }
-        (out / SUMMARY_FILE).write_text(json.dumps(document, indent=2) + "\n")
+        write_text_atomically(out / SUMMARY_FILE, json.dumps(document, indent=2) + "\n")
         bar.set_postfix(nll=" ".join(f"{s['test_nll']:.2f}" for s in summary))
     tau = "learned" if config.learn_tau else "grid"
     print(format_table([{**e, "epochs": settings["epochs"], "tau": tau} for e in summarise(rows)]))
@@ -284,7 +285,10 @@ def _fmt(value: float | None, se: float | None = None) -> str:
 
 def _write_results(path: Path, rows: list[dict[str, Any]]) -> None:
     fields = list(dict.fromkeys(key for row in rows for key in row))
-    with open(path, "w", newline="") as f:
+
+    def write(f: IO[str]) -> None:
         writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
         writer.writerows(rows)
+
+    write_atomically(path, write)
