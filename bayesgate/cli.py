@@ -156,7 +156,8 @@ def _version() -> str:
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The ``bayesgate`` parser with every command's parser (``command`` None), or with only the
     parsers of ``command``'s module (:data:`COMMANDS`), the other commands listed by name and
-    help line without importing their modules."""
+    help line without importing their modules (``""``, which names no command: none imported —
+    ``bayesgate --help``)."""
     parser = OneLineErrorParser(  # its subcommands' parsers are of its class too
         prog="bayesgate",
         description="Train Bayesian dropout nets, calibrate adversarial-input thresholds, serve.",
