@@ -474,10 +474,12 @@ def _print_row(row: dict[str, float]) -> None:
 
 
 def checkpoint_root() -> Path:
-    """``$XDG_CACHE_HOME/bayesgate/checkpoints`` (``~/.cache/…`` when unset or relative)."""
-    from bayesgate.models.data.mnist import cache_dir
+    """``$XDG_CACHE_HOME/bayesgate/checkpoints`` (``~/.cache/…`` when unset or relative;
+    ``mnist.cache_dir()``, read from the torch-free settings: train checks the folder before
+    torch loads)."""
+    from bayesgate.models.data.settings import data_settings
 
-    return cache_dir() / "checkpoints"
+    return data_settings().cache_root / "checkpoints"
 
 
 def _train_config(args: argparse.Namespace) -> TrainConfig:

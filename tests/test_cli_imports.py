@@ -192,6 +192,7 @@ def test_every_commands_help_leaves_torch_unimported(command: str) -> None:
         (["train", "--name", "a/b"], "--name: 'a/b' contains '/'"),
         (["train", "--out", "/proc/bayesgate-x"], "--out /proc/bayesgate-x: cannot write in"),
         (["train", "--checkpoint-dir", "/proc/x"], "--checkpoint-dir /proc/x: cannot write in"),
+        (["train", "--epoch-log", "/proc/x.csv"], "--epoch-log /proc/x.csv: cannot"),
         (["attack", "m", "--out", "/proc/x.npz", "--threads", "1"], "--out /proc/x.npz: cannot"),
         (["sweep", "m", "--figure", "6", "--out", "/proc/x"], "--out /proc/x: cannot write in"),
     ],
