@@ -18,6 +18,7 @@ parameters class and :class:`Attack`, in its own module here) and one entry in t
 | ``apgd`` | :class:`APGD` | Auto-PGD with the CE or DLR loss (Croce & Hein 2020) |
 | ``pgd-restarts`` | :class:`PGDRestarts` | L∞ PGD with random restarts, largest-loss iterate kept |
 | ``square`` | :class:`Square` | black-box L∞ Square Attack (queries only, no gradients) |
+| ``slide`` | :class:`SLIDE` | untargeted sparse L1 descent (Tramèr & Boneh 2019) |
 
 cleverhans is imported when an attack runs, so parsing specs and building the CLI work without the
 ``[attacks]`` extra. The names below are imported on first use: importing :mod:`.parameters`
@@ -39,6 +40,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time, __getattr__ b
     from bayesgate.attacks.methods.pgd import PGD
     from bayesgate.attacks.methods.pgd_restarts import PGDRestarts
     from bayesgate.attacks.methods.registry import ATTACKS
+    from bayesgate.attacks.methods.slide import SLIDE
     from bayesgate.attacks.methods.square import Square
     from bayesgate.attacks.methods.targeted import TargetedFGS
 
@@ -53,6 +55,7 @@ _SOURCES = {
     "FGS": "fgs",
     "PGD": "pgd",
     "PGDRestarts": "pgd_restarts",
+    "SLIDE": "slide",
     "Square": "square",
     "StepCallback": "base",
     "TargetedFGS": "targeted",
@@ -65,6 +68,7 @@ __all__ = [  # the names of _SOURCES (a test checks that each resolves)
     "CWL2",
     "FGS",
     "PGD",
+    "SLIDE",
     "Attack",
     "AttackInput",
     "AttackParameters",

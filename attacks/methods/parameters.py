@@ -373,6 +373,37 @@ class SquareParameters(AttackParameters):
         return f"Square ε={self.eps:g}, {self.queries} queries"
 
 
+@dataclasses.dataclass(frozen=True)
+class SLIDEParameters(AttackParameters):
+    """Of :class:`~bayesgate.attacks.methods.slide.SLIDE`, untargeted sparse L1 descent
+    (Tramèr & Boneh 2019)."""
+
+    name: ClassVar[str] = "slide"
+    requires: ClassVar[tuple[str, ...]] = ("cleverhans",)
+
+    eps: float = 10.0
+    """L1 radius ε₁ (Tramèr & Boneh's MNIST threat model: 10)."""
+    eps_iter: float = 1.0
+    """L1 length of each step."""
+    steps: int = 100
+    """Gradient steps."""
+    sparsity: float = 99.0
+    """Percentile of ``|∇|`` above which a pixel is updated in a step (99: the top 1 %)."""
+
+    def check(self) -> None:
+        check(self.eps > 0, f"slide eps must be > 0, got {self.eps}")
+        check(
+            0 < self.eps_iter <= self.eps,
+            f"slide eps_iter must be in (0, eps = {self.eps:g}], got {self.eps_iter}",
+        )
+        check(self.steps >= 1, f"slide steps must be ≥ 1, got {self.steps}")
+        check(0 < self.sparsity < 100, f"slide sparsity must be in (0, 100), got {self.sparsity}")
+
+    @property
+    def label(self) -> str:
+        return f"SLIDE L1 ε={self.eps:g}"
+
+
 ATTACK_PARAMETERS: dict[str, type[AttackParameters]] = registry(
     (
         FGSParameters,
@@ -382,6 +413,7 @@ ATTACK_PARAMETERS: dict[str, type[AttackParameters]] = registry(
         APGDParameters,
         PGDRestartsParameters,
         SquareParameters,
+        SLIDEParameters,
     ),
     AttackParameters,
 )

@@ -18,6 +18,7 @@ from bayesgate.attacks.methods.parameters import (
 )
 from bayesgate.attacks.methods.pgd import PGD
 from bayesgate.attacks.methods.pgd_restarts import PGDRestarts
+from bayesgate.attacks.methods.slide import SLIDE
 from bayesgate.attacks.methods.square import Square
 from bayesgate.attacks.methods.targeted import TargetedFGS
 
@@ -39,7 +40,7 @@ def check_implements(
 
 
 ATTACKS: dict[str, type[Attack]] = attack_registry(
-    FGS, TargetedFGS, PGD, CWL2, APGD, PGDRestarts, Square
+    FGS, TargetedFGS, PGD, CWL2, APGD, PGDRestarts, Square, SLIDE
 )
 """Spec name → attack class, in the order help texts list them."""
 check_implements(ATTACKS, ATTACK_PARAMETERS)

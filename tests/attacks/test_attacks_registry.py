@@ -41,6 +41,7 @@ EXAMPLES = {
     "apgd": "apgd:eps=0.1,steps=5,loss=dlr",
     "pgd-restarts": "pgd-restarts:eps=0.1,eps_iter=0.02,steps=4,restarts=2",
     "square": "square:eps=0.1,queries=5,p_init=0.1,confidence=0.5",
+    "slide": "slide:eps=2,eps_iter=0.5,steps=3,sparsity=90",
 }
 
 
@@ -54,6 +55,7 @@ def test_every_registered_attack_has_an_example() -> None:
         "apgd",
         "pgd-restarts",
         "square",
+        "slide",
     ]  # the order help texts list them
 
 

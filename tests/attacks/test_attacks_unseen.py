@@ -1,4 +1,5 @@
-"""The attacks the detector never sees (PGD, CW-L2, black-box Square) and the OOD input sets."""
+"""The attacks the detector never sees (PGD, CW-L2, black-box Square, sparse L1 SLIDE) and the OOD
+input sets."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from bayesgate.attacks.methods import CWL2, PGD, Square
+from bayesgate.attacks.methods import CWL2, PGD, SLIDE, Square
 from bayesgate.attacks.methods.square import margin, p_schedule
 from bayesgate.attacks.model_fn import log_predictive_fn
 from bayesgate.attacks.ood import OOD_SETS, ood_images, rotate
@@ -231,3 +232,79 @@ def test_letters_are_centred_mnist_style_glyphs() -> None:
     assert not torch.equal(letters, ood_images("letters", x, seed=1))
     # image 0 is "A" and image 26 "a": different glyphs
     assert not torch.equal(letters[0], letters[26])
+
+
+def test_slide_one_step_by_hand() -> None:
+    """One SLIDE step on a linear softmax model, against the formula: the gradient of
+    ``CE(log_softmax(Wx), y)`` is ``Wᵀ(p − e_y)``; the step moves the pixels whose ``|∇|`` is at
+    or above the percentile by ``eps_iter / (their count)`` each, along the gradient's sign
+    (pixels at 0 that the gradient would push below 0 are left out first)."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(10, 16, generator=g)
+
+    def model_fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(x.flatten(1) @ w.T, dim=1)
+
+    y = torch.tensor([1, 4, 7])
+    w[:, 0] = 0.0
+    w[1, 0] = 5.0  # pixel 0's gradient for image 0, (p_1 − 1)·5/3, is large and negative
+    x = torch.rand(3, 1, 4, 4, generator=g) * 0.8 + 0.1  # inside (0, 1): no pixel on the box edge
+    x[0, 0, 0, 0] = 0.0  # except pixel 0 of image 0, which that gradient pushes out of the box
+    adv = SLIDE(eps=5.0, eps_iter=0.4, steps=1, sparsity=75.0)(model_fn, x, y)
+
+    p = torch.softmax(x.flatten(1) @ w.T, dim=1)
+    grad = (p - nn.functional.one_hot(y, 10).float()) @ w / 3  # of CE's batch mean
+    assert grad[0, 0] < 0 and grad[0, 0].abs() == grad[0].abs().max()
+    grad[(x.flatten(1) <= 0) & (grad < 0)] = 0.0  # would leave the box: zeroed
+    expected = torch.zeros_like(grad)
+    for i in range(3):
+        q = grad[i].abs().kthvalue(int(0.75 * 16)).values
+        top = grad[i].abs() >= q
+        expected[i, top] = grad[i, top].sign() * 0.4 / top.sum()
+    torch.testing.assert_close(adv - x, expected.view_as(x), rtol=0, atol=1e-6)
+
+
+def test_slide_stays_in_box_and_l1_ball_and_changes_few_pixels(tiny) -> None:
+    net, x, _, pred = tiny
+    x, pred = x[:40], pred[:40]
+    eps = 6.0
+    model_fn = log_predictive_fn(net, 5, generator=torch.Generator().manual_seed(0))
+    adv = SLIDE(eps=eps, eps_iter=1.0, steps=15)(model_fn, x, pred)
+    delta = (adv - x).flatten(1)
+    assert adv.min() >= 0 and adv.max() <= 1
+    assert float(delta.abs().sum(dim=1).max()) <= eps + 1e-4
+    # sparse: 15 steps of about 8 pixels (top 1 % of 784) each touch at most ~120 pixels
+    changed = (delta.abs() > 1e-6).sum(dim=1)
+    assert int(changed.max()) <= 15 * 16, changed.max()
+
+
+def test_slide_beats_random_sparse_noise_of_the_same_l1_norm(tiny) -> None:
+    net, x, y, pred = tiny
+    x, y, pred = x[:60], y[:60], pred[:60]
+    model_fn = log_predictive_fn(net, 10, generator=torch.Generator().manual_seed(0))
+    adv = SLIDE(eps=10.0, eps_iter=1.0, steps=30)(model_fn, x, pred)
+    delta = (adv - x).flatten(1)
+    # the same number of changed pixels per image, at random places, with the same L1 mass
+    g = torch.Generator().manual_seed(5)
+    noise = torch.zeros_like(delta)
+    for i in range(len(x)):
+        n = int((delta[i].abs() > 1e-6).sum())
+        where = torch.randperm(delta.shape[1], generator=g)[:n]
+        signs = torch.randint(0, 2, (n,), generator=g).float() * 2 - 1
+        noise[i, where] = signs * delta[i].abs().sum() / max(n, 1)
+    baseline = (x + noise.view_as(x)).clamp(0, 1)
+    attacked, random = _success(net, adv, y, pred), _success(net, baseline, y, pred)
+    assert attacked > random + 0.3, (attacked, random)
+
+
+def test_slide_through_run_attack_and_spec(tiny) -> None:
+    net, x, y, _ = tiny
+    attack = parse_attack("slide:eps=4,steps=5")
+    assert attack == SLIDE(eps=4.0, steps=5)
+    assert attack.label == "SLIDE L1 ε=4" and attack.linf_radius is None
+    assert parse_attack(attack.key) == attack
+    outcome = run_attack(net, x[:20], y[:20], attack, k=5, k_eval=10, batch_size=8)
+    assert float(outcome.l2.max()) > 0
+    for bad, named in (("slide:eps_iter=20", "eps_iter"), ("slide:sparsity=100", "sparsity")):
+        with pytest.raises(ValueError, match=named):
+            parse_attack(bad)
