@@ -185,11 +185,13 @@ def cmd_detect_eval(args: argparse.Namespace) -> int:
         cache_dir=args.cache_dir,
     )
     settings.check()  # the attacks and --attack-limit names, before the model is loaded
+    if not settings.attacks and not settings.ood:
+        raise InvalidArgument("nothing to evaluate: give --attacks SPEC … or --ood SET …")
     from bayesgate.attacks.detect_eval import evaluate_detector  # torch: after the checks
     from bayesgate.attacks.detect_report import detect_eval_paths, write_detect_eval
 
+    loaded, detector, device = _load(args)  # a model it cannot use fails before the note below
     note_replacing("detect-eval", detect_eval_paths(args.out).values())
-    loaded, detector, device = _load(args)
     started = time.perf_counter()
     result = evaluate_detector(
         loaded, detector, settings, device=device, progress=not args.no_progress
@@ -242,8 +244,8 @@ def cmd_adaptive_eval(args: argparse.Namespace) -> int:
         write_adaptive,
     )
 
+    loaded, detector, device = _load(args)  # a model it cannot use fails before the note below
     note_replacing("adaptive-eval", adaptive_paths(args.out).values())
-    loaded, detector, device = _load(args)
     started = time.perf_counter()
     result = evaluate_adaptive(
         loaded, detector, settings, device=device, progress=not args.no_progress

@@ -115,6 +115,8 @@ def parse_parameters(text: str) -> AttackParameters:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise InvalidArgument(f"attack {text!r}: expected key=value, got {item!r}")
+        if key.strip() in params:
+            raise InvalidArgument(f"attack {text!r}: {key.strip()} given twice")
         params[key.strip()] = value.strip()
     return build_parameters(name.strip(), params)
 

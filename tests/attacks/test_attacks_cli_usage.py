@@ -207,9 +207,13 @@ def test_evaluations_say_which_existing_files_they_replace_before_the_work(
 ) -> None:
     """One line on stderr, before the work (not an error: detect-eval and evaluate-robust resume
     from their caches by design); files that are not the command's own are not named."""
-    from bayesgate.attacks import evaluate_cli, robust_cli
+    from bayesgate.attacks import adaptive_eval, detect_eval, evaluate_cli, robust_cli
 
-    monkeypatch.setattr(evaluate_cli, "_load", _never)
+    # detect-eval and adaptive-eval load the model first (one it cannot use fails before the
+    # note); the work they then start is the evaluation
+    monkeypatch.setattr(evaluate_cli, "_load", lambda args: (None, None, None))
+    monkeypatch.setattr(detect_eval, "evaluate_detector", _never)
+    monkeypatch.setattr(adaptive_eval, "evaluate_adaptive", _never)
     monkeypatch.setattr(robust_cli, "load_for_evaluation", _never)
     monkeypatch.setattr(attacks_cli, "_sweep_images", _never)
     out = tmp_path / "out"
@@ -226,3 +230,25 @@ def test_evaluations_say_which_existing_files_they_replace_before_the_work(
     with pytest.raises(AssertionError, match="the work started"):
         main([command, str(tiny_model_dir), "--out", str(out), *extra, "--no-progress"])
     assert _replacing_lines(capsys.readouterr().err) == []
+
+
+@pytest.mark.parametrize("command", ["detect-eval", "adaptive-eval"])
+def test_a_model_it_cannot_use_is_refused_before_any_replacing_note(
+    command: str, tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The tiny model has no detector: the error, and no "replacing" line for files it keeps."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ("detect_eval.json" if command == "detect-eval" else "adaptive.md")).write_text("old")
+    assert main([command, str(tiny_model_dir), "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "has no detector.json" in err and _replacing_lines(err) == []
+
+
+def test_detect_eval_with_nothing_to_evaluate_is_refused(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["detect-eval", str(tiny_model_dir), "--out", str(tmp_path / "de"), "--attacks", "--ood"]
+    assert main(argv) == 2
+    assert _error(capsys) == "nothing to evaluate: give --attacks SPEC … or --ood SET …"
+    assert not (tmp_path / "de").exists()

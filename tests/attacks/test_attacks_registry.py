@@ -90,6 +90,12 @@ def test_values_are_coerced_when_the_class_is_built() -> None:
         PGD(steps=True)
 
 
+@pytest.mark.parametrize("text", ["fgs:eta=0.2,eta=0.3", "pgd:steps=3, steps =3"])
+def test_a_parameter_given_twice_is_refused_not_last_wins(text: str) -> None:
+    with pytest.raises(ValueError, match="given twice"):
+        parse_parameters(text)
+
+
 @pytest.mark.parametrize(
     ("text", "listed"),
     [
