@@ -55,6 +55,14 @@ class Gate:
 
     model: ServedModel
 
+    def __repr__(self) -> str:
+        """One line (the dataclass's own repr would print every weight and detector tensor)."""
+        m, decision = self.model, self.model.decision
+        return (
+            f"Gate({m.card.name!r} from {str(m.directory)!r} on {m.device}, "
+            f"K={self.default_k}, flags {decision.score} > {decision.threshold:.4g})"
+        )
+
     @classmethod
     def load(cls, model: str | Path = DEFAULT_ALIAS, device: str = "auto") -> Gate:
         """The model directory ``model``, or the bundled model of that name (``bayesgate-robust``,
@@ -127,7 +135,8 @@ class Gate:
                 check_values(field, batch, self.model.input_range, indexed=not single)
             except InvalidInput as exc:
                 text = str(exc)
-                if arr.dtype.kind in "iu" and arr.min() >= 0 and arr.max() <= 255:
+                pixels = arr.dtype.kind in "iu" or bool(np.all(arr == np.round(arr)))
+                if pixels and arr.min() >= 0 and 1 < arr.max() <= 255:  # whole numbers 0–255
                     text += " (pixels 0–255: give them as uint8)"
                 raise InvalidInput(text) from None
         return torch.from_numpy(np.ascontiguousarray(batch, dtype=np.float32))

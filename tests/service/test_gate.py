@@ -156,6 +156,16 @@ def test_bad_images_are_refused_by_name(tiny: Gate, images: Any, message: str) -
 def test_an_integer_array_of_pixels_is_told_to_be_uint8(tiny: Gate) -> None:
     with pytest.raises(InvalidArgument, match=r"\(pixels 0–255: give them as uint8\)$"):
         tiny.to_batch(np.full((1, 784), 255, dtype=np.int64))
+    for dtype in (np.float32, np.float64):  # whole-number pixels in a float array: the same hint
+        pixels = np.zeros((1, 784), dtype=dtype)
+        pixels[0, 3] = 84.0
+        with pytest.raises(
+            InvalidArgument, match=r"found 84\.0 .*\(pixels 0–255: give them as uint8\)$"
+        ):
+            tiny.to_batch(pixels)
+    with pytest.raises(InvalidArgument) as err:  # not whole numbers: not pixels, no hint
+        tiny.to_batch(np.full((1, 784), 1.5))
+    assert "uint8" not in str(err.value)
     with pytest.raises(InvalidArgument, match=r"found -1.0 at index \[0, 0, 0\] of 1×28×28$"):
         tiny.to_batch(np.full((1, 784), -1, dtype=np.int16))
 
@@ -197,3 +207,10 @@ def test_gate_is_importable_from_the_top_package_without_paying_for_it() -> None
     assert done.stdout.strip() == "ok", done.stderr
     with pytest.raises(AttributeError, match="has no attribute 'Gates'"):
         bayesgate.Gates  # noqa: B018
+
+
+def test_repr_is_one_short_line(tiny: Gate) -> None:
+    text = repr(tiny)
+    assert "\n" not in text and len(text) < 300, text
+    assert text.startswith(f"Gate({tiny.model.card.name!r} from ")
+    assert f"K={tiny.default_k}, flags {tiny.model.decision.score} > " in text
