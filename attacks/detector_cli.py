@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -133,7 +134,15 @@ def cmd_fit_detector(args: argparse.Namespace) -> int:
     device = pick_device(args.device)
     loaded = load_model(args.model, device)
     detector = fit_detector(loaded, settings, device=device, progress=not args.no_progress)
-    print(json.dumps(store_detector(detector, args.model), indent=2, ensure_ascii=False))
+    summary = store_detector(detector, args.model)
+    print(json.dumps(summary, indent=2, ensure_ascii=False))
+    if not summary["calibration_references_it"]:
+        print(
+            f"fit-detector: note: {args.model} has no calibration.json yet; serve, predict and "
+            f"Gate.load need one: run `bayesgate calibrate {args.model}` (the flag then stays "
+            "with this detector)",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -171,8 +171,10 @@ def read_card(directory: Path | str) -> ModelCard:
     if not path.is_file() and resolve_model_dir(Path(directory)) != Path(directory):
         missing = (
             f"model card not found: {directory} is a bundled model's name, not a model directory "
-            "here; the commands that write into the model directory (calibrate, fit-detector, "
-            f"evaluate --write-card) need a copy of your own (from {BUNDLED_MODELS_DIR})"
+            "here; to read it from Python, resolve the name first (bayesgate.models.store.bundled."
+            "resolve_model_dir, as Gate.load and the commands that only read a model do); the "
+            "commands that write into the model directory (calibrate, fit-detector, evaluate "
+            f"--write-card) need a copy of your own (from {BUNDLED_MODELS_DIR})"
         )
     elif len(Path(directory).parts) == 1 and not Path(directory).exists():
         names = ", ".join([*bundled_model_names(), DEFAULT_ALIAS])

@@ -24,14 +24,30 @@ SMALL = ["--attack-images", "40", "--kde-per-class", "20", "--k", "5", "--thread
 ATTACKS = ["--attacks", "fgs:eta=0.2", "targeted:steps=3,eta=0.05", "--no-progress"]
 
 
+def test_fit_detector_on_an_uncalibrated_model_says_calibrate_comes_next(
+    model_copy: Path, capsys: pytest.CaptureFixture
+) -> None:
+    (model_copy / "calibration.json").unlink(missing_ok=True)
+    assert main(["fit-detector", str(model_copy), *FIT, *SMALL, *ATTACKS]) == 0
+    out, err = capsys.readouterr()
+    assert not json.loads(out)["calibration_references_it"]
+    assert err.strip() == (
+        f"fit-detector: note: {model_copy} has no calibration.json yet; serve, predict and "
+        f"Gate.load need one: run `bayesgate calibrate {model_copy}` (the flag then stays with "
+        "this detector)"
+    )
+
+
 def test_fit_detector_end_to_end(model_copy: Path, capsys: pytest.CaptureFixture) -> None:
     loaded = load_model(model_copy)
     sha = loaded.card.weights_sha256
     write_calibration(Calibration(sha, "predictive_entropy", 0.05, 5, {"predictive_entropy": 1.0}),
                       model_copy)  # fmt: skip
     assert main(["fit-detector", str(model_copy), *FIT, *SMALL, *ATTACKS]) == 0
-    summary = json.loads(capsys.readouterr().out)
+    out, err = capsys.readouterr()
+    summary = json.loads(out)
     assert summary["calibration_references_it"] and summary["score"] == FUSED
+    assert "no calibration.json" not in err
 
     detector = load_detector(model_copy, weights_sha256=sha)
     reference = read_calibration(model_copy, weights_sha256=sha).detector

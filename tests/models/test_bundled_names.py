@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from bayesgate import cli
+from bayesgate.errors import ModelStoreError
 from bayesgate.models.store.bundled import (
     BUNDLED_MODELS_DIR,
     DEFAULT_MODEL_DIR,
@@ -99,3 +100,18 @@ def test_an_unknown_bare_name_lists_the_bundled_names(
     )
     with pytest.raises(ModelStoreError, match=r"is runs/nope a model directory\?"):
         read_card("runs/nope")
+
+
+def test_load_model_by_bundled_name_says_how_to_read_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``load_model`` takes a directory, not a name; its message says how to read the bundled
+    model (resolve the name), and the resolved path loads."""
+    from bayesgate.models.store.bundled import resolve_model_dir
+    from bayesgate.models.store.directory import load_model
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ModelStoreError, match="resolve the name first") as err:
+        load_model("bayesgate-cnn")
+    assert "resolve_model_dir" in str(err.value)
+    assert load_model(resolve_model_dir(Path("bayesgate-cnn"))).card.name == "cnn-alpha0.5"
