@@ -3,6 +3,10 @@
 ``uci`` writes, into ``--out`` (default ``runs/uci/<dataset>``), after every split:
 ``results.csv`` (one row per split and α: chosen p and τ, validation and test metrics) and
 ``summary.json`` (settings, and per α the mean ± standard error over splits beside the paper).
+An ``--out`` that already holds results is checked before the work: ``--resume`` keeps their
+finished splits, a run of the same settings without it replaces them (saying so on stderr), and
+results of other settings (or of another dataset) are refused unless ``--force``
+(:func:`_check_previous_run`) — a run of the default settings takes hours.
 
 ``uci`` checks its settings (:class:`~bayesgate.models.uci.config.UCIConfig`, torch-free) before
 it imports the data and the experiment (torch), so a value it refuses answers at once.
@@ -23,7 +27,7 @@ from tqdm.auto import tqdm
 from bayesgate.errors import InvalidArgument, writable_dir, writable_file
 from bayesgate.models.device import add_threads_flag, set_threads
 from bayesgate.models.uci.config import UCIConfig, UCIConfigError
-from bayesgate.outputs import write_atomically, write_text_atomically
+from bayesgate.outputs import note_replacing, write_atomically, write_text_atomically
 
 SUMMARY_FILE = "summary.json"
 RESULTS_FILE = "results.csv"
@@ -84,6 +88,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="keep the splits already in --out (same settings required) and run the rest",
     )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace results in --out made with other settings (refused without it)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(
         func=cmd_uci,
@@ -113,13 +122,14 @@ def cmd_uci(args: argparse.Namespace) -> int:
     writable_dir(out, "--out")
     out.mkdir(parents=True, exist_ok=True)
     settings = config.resolved(ds)
+    previous = _check_previous_run(out, ds.name, settings, resume=args.resume, force=args.force)
     print(
         f"{ds.name}: {ds.x.shape[0]} rows, {ds.x.shape[1]} features, {n} splits, "
         f"{settings['epochs']} epochs, grid {len(settings['dropout_rates'])} p × "
         f"{len(settings['tau_values']) or 'learned'} τ × {len(config.alphas)} α → {out}",
         file=sys.stderr,
     )
-    rows = _previous_rows(out, settings) if args.resume else []
+    rows = _previous_rows(out) if args.resume and previous == "same" else []
     done = {r["split"] for r in rows}
     bar = tqdm(range(n), desc=ds.name, disable=args.no_progress, file=sys.stderr)
     for split in bar:
@@ -157,7 +167,10 @@ def _uci_config(args: argparse.Namespace) -> UCIConfig:
 
 
 def _config_of(args: argparse.Namespace) -> UCIConfig:
-    return UCIConfig(
+    """The settings; a flag that cannot apply (a τ grid with ``--learn-tau``; a learned τ's
+    start or rate without it, set to other than its default) is refused rather than recorded
+    unused — after the values' own checks, so a bad value is named as such."""
+    config = UCIConfig(
         alphas=tuple(args.alpha),
         k_train=args.k_train,
         k_val=args.k_val,
@@ -175,17 +188,72 @@ def _config_of(args: argparse.Namespace) -> UCIConfig:
         tau_init=args.tau_init,
         tau_lr=args.tau_lr,
     )
+    if args.learn_tau and args.tau_values is not None:
+        shown = " ".join(f"{t:g}" for t in args.tau_values)
+        raise InvalidArgument(f"--tau-values does not apply with --learn-tau (got {shown})")
+    default = UCIConfig()
+    for flag, value, default_value in (
+        ("--tau-init", args.tau_init, default.tau_init),
+        ("--tau-lr", args.tau_lr, default.tau_lr),
+    ):
+        if not args.learn_tau and value != default_value:
+            raise InvalidArgument(f"{flag} applies with --learn-tau only (got {value:g})")
+    return config
 
 
-def _previous_rows(out: Path, settings: dict[str, Any]) -> list[dict[str, Any]]:
-    """Rows of an earlier run in ``out`` for ``--resume``; its settings must equal ours."""
-    if not (out / RESULTS_FILE).is_file() or not (out / SUMMARY_FILE).is_file():
+def _check_previous_run(
+    out: Path, dataset: str, settings: dict[str, Any], *, resume: bool, force: bool
+) -> str | None:
+    """What ``out`` holds, checked before the work: None (no results), ``"same"`` (results of
+    ``dataset`` with ``settings``: ``--resume`` keeps their splits, else they are replaced, said
+    on stderr) or ``"other"`` (other settings, another dataset, or settings that do not read:
+    refused in one line naming them unless ``force``, which replaces them)."""
+    files = [out / RESULTS_FILE, out / SUMMARY_FILE]
+    if not any(f.is_file() for f in files):
+        return None
+    differing = _differing_settings(out, dataset, settings)
+    if differing is None:
+        if not resume:
+            note_replacing("uci", files)
+        return "same"
+    if not force:
+        prefix = "--resume: " if resume else ""
+        raise InvalidArgument(
+            f"{prefix}--out {out} holds results made with other settings ({differing}): "
+            "choose another --out, or --force to replace them"
+        )
+    note_replacing("uci", files)
+    return "other"
+
+
+def _differing_settings(out: Path, dataset: str, settings: dict[str, Any]) -> str | None:
+    """How the run in ``out`` differs from ``dataset`` with ``settings`` (``epochs: 5 → 3``);
+    None when it does not. A setting its file does not name is one an older version did not
+    have: ``learn_tau`` was then False; the learned τ's start and rate count only with it."""
+    try:
+        document = json.loads((out / SUMMARY_FILE).read_text())
+        previous = dict(document["settings"])
+        previous["dataset"] = document["dataset"]
+    except FileNotFoundError:
+        return f"unknown: no {SUMMARY_FILE}"
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"unknown: {SUMMARY_FILE} does not read: {type(exc).__name__}: {exc}"
+    ours = {"dataset": dataset, **settings}
+    previous.setdefault("learn_tau", False)
+    if not previous["learn_tau"] and not ours["learn_tau"]:
+        for key in ("tau_init", "tau_lr"):
+            previous.pop(key, None)
+            ours.pop(key, None)
+    differing = [k for k in ours if previous.get(k) != ours[k]]
+    if not differing:
+        return None
+    return ", ".join(f"{k}: {previous.get(k)!r} → {ours[k]!r}" for k in differing)
+
+
+def _previous_rows(out: Path) -> list[dict[str, Any]]:
+    """Rows of the earlier run in ``out`` (of our settings: :func:`_check_previous_run`)."""
+    if not (out / RESULTS_FILE).is_file():
         return []
-    previous = json.loads((out / SUMMARY_FILE).read_text())["settings"]
-    differing = [k for k in settings if previous.get(k) != settings[k]]
-    if differing:
-        details = ", ".join(f"{k}: {previous.get(k)!r} → {settings[k]!r}" for k in differing)
-        raise InvalidArgument(f"--resume: settings differ from the run in {out} ({details})")
     with open(out / RESULTS_FILE, newline="") as f:
         return [{k: _number(v) for k, v in row.items()} for row in csv.DictReader(f)]
 

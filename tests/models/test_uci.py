@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from bayesgate.cli import main
+from bayesgate.cli import build_parser, main
 from bayesgate.models.data.mnist import DataError
 from bayesgate.models.mc.losses import alpha_energy, bbalpha_gaussian_loss
+from bayesgate.models.uci import cli as uci_cli
+from bayesgate.models.uci.config import UCIConfig
 from bayesgate.models.uci.data import Standardiser, UCIDataError, available_datasets, load_uci
 from bayesgate.models.uci.experiment import (
     grid_edge_counts,
@@ -459,7 +461,125 @@ def test_cli_writes_results_and_summary(
     assert main([*args, "--out", str(out), "--no-progress", "--resume"]) == 0
     assert (out / "results.csv").read_text() == before
     assert main([*args, "--out", str(out), "--resume", "--epochs", "1"]) == 2
-    assert "settings differ" in capsys.readouterr().err
+    assert "holds results made with other settings (epochs: 3 → 1)" in capsys.readouterr().err
+
+
+def _no_training(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``run_split`` fails the test: a refusal must come before any split's training."""
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("run_split called")
+
+    monkeypatch.setattr("bayesgate.models.uci.experiment.run_split", never)
+
+
+def test_cli_refuses_to_replace_results_of_other_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An --out holding results of other settings (or of another dataset) is refused before the
+    work, in one line naming what differs, with or without --resume; --force replaces them."""
+    write_folder(tmp_path / "data", name="toy", n=60)
+    write_folder(tmp_path / "data", name="toy2", n=60)
+    monkeypatch.setenv("BAYESGATE_DATA_DIR", str(tmp_path / "data"))
+    out = tmp_path / "out"
+    tiny = ["--splits", "1", "--epochs", "1", "--k-test", "5", "--k-val", "5", "--no-progress"]
+    assert main(["uci", "--dataset", "toy", "--alpha", "0.5", *tiny, "--out", str(out)]) == 0
+    before = {name: (out / name).read_text() for name in ("results.csv", "summary.json")}
+    capsys.readouterr()
+    with monkeypatch.context() as m:
+        _no_training(m)
+        other = ["uci", "--dataset", "toy", "--alpha", "0", *tiny, "--epochs", "2"]
+        for extra, prefix in (([], ""), (["--resume"], "--resume: ")):
+            assert main([*other, "--out", str(out), *extra]) == 2
+            assert capsys.readouterr().err == (
+                f"bayesgate: error: {prefix}--out {out} holds results made with other settings "
+                "(alphas: [0.5] → [0.0], epochs: 1 → 2): choose another --out, or --force to "
+                "replace them\n"
+            )
+        another_dataset = ["uci", "--dataset", "toy2", "--alpha", "0.5", *tiny]
+        assert main([*another_dataset, "--out", str(out)]) == 2
+        assert "(dataset: 'toy' → 'toy2')" in capsys.readouterr().err
+    assert {name: (out / name).read_text() for name in before} == before
+    assert main([*other, "--out", str(out), "--force"]) == 0
+    err = capsys.readouterr().err
+    assert f"uci: replacing the existing results.csv, summary.json in {out}\n" in err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["settings"]["alphas"] == [0.0] and summary["settings"]["epochs"] == 2
+
+
+def test_cli_same_settings_replace_with_a_note_or_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Results of the same settings: a run without --resume replaces them, saying so first (as
+    the other commands do); --resume keeps them. Settings an older summary.json does not name
+    (learn_tau and the learned τ's, added later) are those it ran with: not a difference."""
+    write_folder(tmp_path / "data", name="toy", n=60)
+    monkeypatch.setenv("BAYESGATE_DATA_DIR", str(tmp_path / "data"))
+    out = tmp_path / "out"
+    args = ["uci", "--dataset", "toy", "--alpha", "0.5", "--splits", "1", "--epochs", "1",
+            "--k-test", "5", "--k-val", "5", "--no-progress", "--out", str(out)]  # fmt: skip
+    assert main(args) == 0
+    assert "replacing" not in capsys.readouterr().err  # a fresh --out: as before
+    assert main(args) == 0
+    assert f"uci: replacing the existing results.csv, summary.json in {out}\n" in (
+        capsys.readouterr().err
+    )
+    document = json.loads((out / "summary.json").read_text())
+    for key in ("learn_tau", "tau_init", "tau_lr"):
+        del document["settings"][key]
+    (out / "summary.json").write_text(json.dumps(document))
+    before = (out / "results.csv").read_text()
+    with monkeypatch.context() as m:
+        _no_training(m)
+        assert main([*args, "--resume"]) == 0
+    assert "replacing" not in capsys.readouterr().err
+    assert (out / "results.csv").read_text() == before
+    # results whose settings cannot be read are not thrown away either
+    (out / "summary.json").write_text("{")
+    with monkeypatch.context() as m:
+        _no_training(m)
+        assert main(args) == 2
+        assert "holds results made with other settings (unknown: summary.json does not read" in (
+            capsys.readouterr().err
+        )
+        (out / "summary.json").unlink()
+        assert main([*args, "--resume"]) == 2
+        assert "(unknown: no summary.json)" in capsys.readouterr().err
+    assert (out / "results.csv").read_text() == before
+
+
+@pytest.mark.parametrize(
+    ("flags", "line"),
+    [
+        (
+            ["--learn-tau", "--tau-values", "1"],
+            "--tau-values does not apply with --learn-tau (got 1)",
+        ),
+        (["--tau-init", "2"], "--tau-init applies with --learn-tau only (got 2)"),
+        (["--tau-lr", "0.5"], "--tau-lr applies with --learn-tau only (got 0.5)"),
+    ],
+)
+def test_cli_refuses_tau_flags_that_do_not_apply(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    flags: list[str],
+    line: str,
+) -> None:
+    """A τ grid with --learn-tau (recorded as ``tau_values: []``), or a learned τ's start or rate
+    without it, is refused before the data is read rather than silently unused."""
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("load_uci called")
+
+    monkeypatch.setattr("bayesgate.models.uci.data.load_uci", never)
+    out = tmp_path / "out"
+    assert main(["uci", "--dataset", "toy", "--out", str(out), *flags]) == 2
+    assert capsys.readouterr().err == f"bayesgate: error: {line}\n"
+    assert not out.exists()
+    # their defaults stay accepted where they do not apply (what a recorded command names)
+    argv = ["uci", "--dataset", "toy", "--tau-init", "1", "--tau-lr", "0.1"]
+    assert uci_cli._uci_config(build_parser("uci").parse_args(argv)) == UCIConfig()
 
 
 def test_cli_progress_shows_the_split_s_grid_and_refit(
