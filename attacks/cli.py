@@ -38,6 +38,7 @@ from bayesgate.extras import Need
 from bayesgate.models.device import DEVICE_CHOICES, add_threads_flag, pick_device, set_threads
 from bayesgate.models.mc.options import SCORE_NAMES
 from bayesgate.models.store.bundled import READ_MODEL_HELP, model_to_read
+from bayesgate.models.store.own_files import no_validation_split, refuse_model_file
 from bayesgate.outputs import note_replacing, write_text_atomically
 
 FIGURES = ("6", "7", "detection")
@@ -245,6 +246,7 @@ def cmd_attack(args: argparse.Namespace) -> int:
     for name in ("k", "k_eval", "limit", "batch_size"):
         check_at_least("--" + name.replace("_", "-"), getattr(args, name))
     writable_file(args.out, "--out", ".npz")  # before the attack, not after it
+    refuse_model_file(args.out, args.model, "--out")  # a link named .npz to the weights, say
     set_threads(args.threads)  # imports torch: after the checks above
     note_replacing("attack", [args.out])
     from bayesgate.attacks.run import run_attack  # torch: after the checks above
@@ -254,6 +256,9 @@ def cmd_attack(args: argparse.Namespace) -> int:
     attack = attack_of(parameters)
     device = pick_device(args.device)
     loaded = load_model(args.model, device)
+    if args.split == "val" and loaded.card.training.val_size <= 0:
+        no_val = no_validation_split(loaded.card.name, "attack")
+        raise InvalidArgument(f"--split val: {no_val}; use --split test")
     k = args.k or loaded.card.inference.k_attack
     k_eval = args.k_eval or loaded.card.inference.k_test
     x, y = load_mnist(args.split, val_size=loaded.card.training.val_size, limit=args.limit)

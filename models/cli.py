@@ -42,6 +42,7 @@ from bayesgate.models.store.files import (
     ROC_FILE,
 )
 from bayesgate.models.store.names import served_name_problem
+from bayesgate.models.store.own_files import no_validation_split, refuse_model_file
 from bayesgate.models.training.config import LOSSES, LR_SCHEDULES, OPTIMIZERS, TrainConfig
 
 if TYPE_CHECKING:
@@ -573,18 +574,22 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     check_at_least("--seed", args.seed, minimum=0)
     if args.write_card:
         _check_card_writable(args)
+    # a bundled model's name reads the bundled model; --write-card writes into a directory only
+    model_dir = args.model if args.write_card else resolve_model_dir(args.model)
     if args.json:
         writable_file(args.json, "--json")
+        refuse_model_file(args.json, model_dir, "--json")
     from bayesgate.models.data.mnist import load_mnist  # torch: after the checks above
     from bayesgate.models.mc.uncertainty import kwon_uncertainty
     from bayesgate.models.store.directory import write_card
     from bayesgate.models.training.evaluate import collect_mc, metrics_from_mc
 
-    # a bundled model's name reads the bundled model; --write-card writes into a directory only
-    model_dir = args.model if args.write_card else resolve_model_dir(args.model)
     set_threads(args.threads)
     device = pick_device(args.device)
     loaded = load_model(model_dir, device)
+    if args.split == "val" and loaded.card.training.val_size <= 0:
+        no_val = no_validation_split(loaded.card.name, "evaluate on")
+        raise InvalidArgument(f"--split val: {no_val}; use --split test")
     x, y = load_mnist(args.split, val_size=loaded.card.training.val_size, limit=args.limit)
     probs, log_probs = collect_mc(
         loaded.network,

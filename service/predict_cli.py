@@ -26,6 +26,7 @@ from bayesgate.errors import InvalidArgument, check_at_least, writable_file
 from bayesgate.models.device import DEVICE_CHOICES, add_threads_flag, set_threads
 from bayesgate.models.mc.options import MAX_SEED
 from bayesgate.models.store.bundled import READ_MODEL_HELP, model_to_read
+from bayesgate.models.store.own_files import refuse_model_file
 from bayesgate.outputs import note_replacing, write_atomically
 
 FORMATS = ("jsonl", "csv")
@@ -89,9 +90,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--out",
-        type=Path,
-        default=None,
-        help="write here (whole, once complete) instead of stdout (-: stdout)",
+        default=None,  # a str: Path() drops a trailing slash, which says a folder was meant
+        help="the file to write (whole, once complete) instead of stdout (-: stdout)",
     )
     p.add_argument(
         "--format",
@@ -115,22 +115,26 @@ def cmd_predict(args: argparse.Namespace) -> int:
     check_at_least("--seed", args.seed, minimum=0)
     if args.seed > MAX_SEED:
         raise InvalidArgument(f"--seed must be ≤ {MAX_SEED}, got {args.seed}")
+    given = "-" if args.out is None else str(args.out)
+    out = None if given == "-" else Path(given)
+    fmt = args.format or ("csv" if out is not None and out.suffix.lower() == ".csv" else "jsonl")
+    if out is not None:
+        _check_out_file(given, out, fmt)
+        refuse_model_file(out, args.model, "--out")
+    elif sys.stdout is None:
+        raise InvalidArgument("stdout is closed: give --out FILE")
     # imported after the checks above, which therefore answer without torch (these import it)
     from bayesgate.service.gate import Gate
     from bayesgate.service.input_files import display, read_inputs
 
-    out = None if args.out is None or str(args.out) == "-" else args.out
-    fmt = args.format or ("csv" if out is not None and out.suffix.lower() == ".csv" else "jsonl")
-    if out is not None:
-        writable_file(out, "--out")
-    elif sys.stdout is None:
-        raise InvalidArgument("stdout is closed: give --out FILE")
     set_threads(args.threads)
     gate = Gate.load(args.model, args.device)
     batch = read_inputs(args.inputs, gate, args.key)
     if out is not None and (clash := _same_file(out, batch.paths)) is not None:
         raise InvalidArgument(f"--out {display(out)}: is the input {display(clash)}")
     k = gate.default_k if args.k is None else args.k
+    if k != gate.default_k:
+        print(_other_k_note(gate, k), file=sys.stderr)
     chunks = gate.chunks(batch.images, k, args.seed, args.batch_size)
     answers = _with_progress(chunks, len(batch.sources), not args.no_progress)
     flagged = 0
@@ -164,6 +168,27 @@ def cmd_predict(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def _other_k_note(gate: Any, k: int) -> str:
+    """The note for a K other than the one the flag's threshold was set at."""
+    decision, basis = gate.model.decision, gate.model.basis
+    return (
+        f"predict: note: --k {k}: the flag's threshold ({decision.score} > "
+        f"{decision.threshold:.6g}, {basis.source}) was set at K = {basis.k}; at another K it "
+        f"no longer holds its false-positive rate (target {basis.target_fpr:g})"
+    )
+
+
+def _check_out_file(given: str, out: Path, fmt: str) -> None:
+    """``--out`` names the file to write: a folder (an existing one, or a path ending in a
+    slash, which ``Path`` would drop) is refused with the hint of a file in it."""
+    if given.endswith(("/", os.sep)) or out.is_dir():
+        raise InvalidArgument(
+            f"--out {given}: is a folder, not a file (--out names the file to write, e.g. "
+            f"--out {out / ('answers.' + fmt)})"
+        )
+    writable_file(out, "--out")
 
 
 def _same_file(out: Path, inputs: list[Path]) -> Path | None:

@@ -302,6 +302,70 @@ def test_bad_inputs_are_one_line_naming_the_file(
     assert lines[0].startswith(f"bayesgate: error: {where}{expected}"), lines
 
 
+@pytest.mark.parametrize("spelling", ["{d}/answers/", "{d}/answers//", "{d}/pngs/"])
+def test_an_out_that_names_a_folder_is_refused_with_a_file_to_name(
+    capsys: pytest.CaptureFixture[str],
+    tiny_model_dir: Path,
+    files: dict[str, Path],
+    tmp_path: Path,
+    spelling: str,
+) -> None:
+    """``--out answers/`` (a trailing slash, the folder missing) wrote a FILE named answers."""
+    out = spelling.format(d=tmp_path)
+    code, stdout, err = _run(capsys, tiny_model_dir, files["npy"], "--out", out)
+    assert code == 2 and stdout == ""
+    folder = Path(out)
+    assert err == (
+        f"bayesgate: error: --out {out}: is a folder, not a file (--out names the file to "
+        f"write, e.g. --out {folder / 'answers.jsonl'})\n"
+    )
+    assert not (tmp_path / "answers").exists()
+    assert sorted(p.name for p in files["folder"].iterdir()) == [
+        "digit0.png",
+        "digit1.png",
+        "notes.txt",
+    ]
+
+
+def test_another_k_than_the_thresholds_is_noted(
+    capsys: pytest.CaptureFixture[str], gate: Gate, tiny_model_dir: Path, files: dict[str, Path]
+) -> None:
+    """The docs: at another K the threshold no longer holds its false-positive rate — said."""
+    k = gate.default_k
+    _, _, err = _run(capsys, tiny_model_dir, files["npy"], "--k", k + 3)
+    decision = gate.model.decision
+    note = (
+        f"predict: note: --k {k + 3}: the flag's threshold ({decision.score} > "
+        f"{decision.threshold:.6g}, calibration.json) was set at K = {k}; at another K it no "
+        f"longer holds its false-positive rate (target {gate.model.basis.target_fpr:g})"
+    )
+    assert err.splitlines()[0] == note
+    for same in (("--k", k), ()):  # the threshold's own K, given or by default: no note
+        code, _, err = _run(capsys, tiny_model_dir, files["npy"], *same)
+        assert code == 0 and "note" not in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("array", "hint"),
+    [
+        (np.full((2, 784), 84.0), True),  # float64 pixels 0–255
+        (np.full((2, 784), 255, np.float32), True),
+        (np.full((2, 784), 1.5, np.float16), False),  # not whole numbers: not pixels
+        (np.full((2, 784), 256.0), False),
+        (np.full((2, 784), -3.0), False),
+        (np.full((2, 784), np.nan), False),
+    ],
+)
+def test_a_float_array_of_pixels_gets_the_uint8_hint(
+    capsys: pytest.CaptureFixture[str], tiny_model_dir: Path, tmp_path: Path, array: Any, hint: bool
+) -> None:
+    """Whole numbers 0–255 saved as floats get the hint an integer array gets (Gate's check)."""
+    bad = _npy(tmp_path / "floats.npy", array)
+    code, _, err = _run(capsys, tiny_model_dir, bad)
+    assert code == 2 and err.startswith(f"bayesgate: error: {bad}[0]: values must ")
+    assert err.endswith(" (pixels 0–255: give them as uint8)\n") == hint, err
+
+
 def test_odd_but_valid_inputs_and_outputs(
     capsys: pytest.CaptureFixture[str],
     gate: Gate,
