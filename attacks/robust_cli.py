@@ -85,6 +85,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_evaluate_robust(args: argparse.Namespace) -> int:
     # every check of the flags, the output folder and the models before the first attack
+    check_distinct_models(args.models)
     settings = _settings(args)
     weights = _adaptive_weights(args.adaptive_weights)
     check_at_least("--adaptive-steps", args.adaptive_steps)
@@ -121,6 +122,20 @@ def cmd_evaluate_robust(args: argparse.Namespace) -> int:
     paths = write_outputs(result, args.out)
     print_report(paths["markdown"], {k: str(v) for k, v in paths.items()})
     return 0
+
+
+def check_distinct_models(paths: Sequence[Path]) -> None:
+    """:class:`InvalidArgument` naming the first model directory given twice (also as another
+    spelling of the same folder: ``m``, ``./m``, an absolute path, a symbolic link): the commands
+    that take several models (``evaluate-robust``, ``sweep``) would evaluate it twice, and write
+    two identical rows. Torch-free, so it answers before torch's import."""
+    seen: dict[Path, Path] = {}
+    for path in paths:
+        key = Path(path).resolve()
+        if key in seen:
+            same = "" if str(seen[key]) == str(path) else f" (as {seen[key]} and {path})"
+            raise InvalidArgument(f"model directory {path} given twice{same}: give each model once")
+        seen[key] = Path(path)
 
 
 def _settings(args: argparse.Namespace) -> RobustSettings:

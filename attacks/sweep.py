@@ -24,6 +24,7 @@ import torch
 
 from bayesgate.attacks.methods import FGS, TargetedFGS
 from bayesgate.attacks.pipeline import AttackResult, DetectionRun, detection_run
+from bayesgate.attacks.robust_cli import check_distinct_models
 from bayesgate.attacks.run import mc_predictions, run_attack
 from bayesgate.attacks.specs import DETECTION_ATTACKS, parse_attack
 from bayesgate.models.mc.engine import mc_predict
@@ -37,6 +38,7 @@ FIGURE6_ETAS = tuple(round(0.05 * i, 2) for i in range(11))  # 0, 0.05, …, 0.5
 _KINDS = {
     "dropout_mlp": "MLP",
     "dropout_cnn": "CNN",
+    "dropout_cnn_wide": "wide CNN",  # cnn-wide: the bundled bayesgate-robust
     "bbb_lenet5": "BBB LeNet-5",
     "bbb_alexnet": "BBB AlexNet",
 }
@@ -65,6 +67,64 @@ def describe(loaded: LoadedModel) -> dict[str, Any]:
     }
 
 
+def describe_models(models: Sequence[LoadedModel]) -> list[dict[str, Any]]:
+    """:func:`describe` of each model, made distinct, so that each model gets its own row, line
+    and file: models that share a label (two MLPs trained with the same α, say) get their card's
+    name appended to it in parentheses — ``MLP α=0.5 (mlp-2x32-alpha0.5)`` —, or where the names
+    are equal too, their directory (its name, or as many of its path's last parts as tell them
+    apart); models that share a card name (``name``: the rows' key, the ``seconds`` key, the
+    ROC plot's file name) get ``-<directory>`` appended to it. A label or name no other model has
+    is kept as it is. The same model directory given twice is an :class:`InvalidArgument`."""
+    check_distinct_models([m.directory for m in models])
+    infos = [describe(m) for m in models]
+    # parts of each directory's absolute path: distinct, since no directory is there twice
+    parts = [m.directory.resolve().parts for m in models]
+    by_label = _clashes([info["model"] for info in infos])
+    for group in by_label:
+        cards = [models[i].card.name for i in group]
+        suffixes = cards if len(set(cards)) == len(cards) else _path_tails(group, parts, "/")
+        for i, suffix in zip(group, suffixes, strict=True):
+            infos[i]["model"] = f"{infos[i]['model']} ({suffix})"
+    for group in _clashes([info["name"] for info in infos]):
+        for i, suffix in zip(group, _path_tails(group, parts, "-"), strict=True):
+            infos[i]["name"] = f"{infos[i]['name']}-{suffix}"
+    for key, sep in (("model", " #"), ("name", "-")):  # a suffixed one equal to another's own
+        for group in _clashes([info[key] for info in infos]):
+            for i in group:
+                infos[i][key] = f"{infos[i][key]}{sep}{i + 1}"  # its place on the command line
+    return infos
+
+
+def _clashes(values: Sequence[str]) -> list[list[int]]:
+    """The indices of each value that occurs more than once, in order of first occurrence."""
+    groups: dict[str, list[int]] = {}
+    for i, value in enumerate(values):
+        groups.setdefault(value, []).append(i)
+    return [group for group in groups.values() if len(group) > 1]
+
+
+def _path_tails(group: Sequence[int], parts: Sequence[tuple[str, ...]], sep: str) -> list[str]:
+    """The shortest tails of the paths (``parts``) of ``group`` that tell them apart: their
+    directories' names, else their last two parts, and so on."""
+    longest = max(len(parts[i]) for i in group)
+    for depth in range(1, longest + 1):
+        tails = [sep.join(parts[i][-depth:]) for i in group]
+        if len(set(tails)) == len(tails):
+            return tails
+    return [sep.join(parts[i]) for i in group]  # not reached: the paths differ
+
+
+def _infos(
+    models: Sequence[LoadedModel], infos: Sequence[dict[str, Any]] | None
+) -> Sequence[dict[str, Any]]:
+    """``infos`` (one per model), else :func:`describe_models` of the models."""
+    if infos is None:
+        return describe_models(models)
+    if len(infos) != len(models):
+        raise ValueError(f"{len(infos)} model descriptions for {len(models)} models")
+    return infos
+
+
 def _log(progress: bool, message: str) -> None:
     if progress:
         print(message, file=sys.stderr, flush=True)
@@ -82,11 +142,14 @@ def figure6(
     batch_size: int = 100,
     device: torch.device | str = "cpu",
     progress: bool = False,
+    infos: Sequence[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Rows ``(model, eta, accuracy, mean_entropy, mean_mi, success_rate)`` for untargeted FGS."""
+    """Rows ``(model, eta, accuracy, mean_entropy, mean_mi, success_rate)`` for untargeted FGS.
+
+    ``infos``: the models' labels (:func:`describe_models` of all the models of a sweep run one
+    at a time); by default :func:`describe_models` of ``models``."""
     rows = []
-    for loaded in models:
-        info = describe(loaded)
+    for loaded, info in zip(models, _infos(models, infos), strict=True):
         t0 = time.perf_counter()
         clean_probs, clean_pred = mc_predictions(
             loaded.network, x, k_eval, device=device, seed=seed
@@ -187,19 +250,19 @@ def figure7(
     batch_size: int = 100,
     device: torch.device | str = "cpu",
     progress: bool = False,
+    infos: Sequence[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Rows ``(model, step, accuracy, target_rate, mean_entropy, mean_mi)``, ``step = 0…steps``.
 
     ``x, y`` should hold only images whose label is not ``target`` (the paper attacks the
-    non-zero digits towards 0); rates are over all of them.
+    non-zero digits towards 0); rates are over all of them. ``infos`` as for :func:`figure6`.
     """
     if bool((y == target).any()):
         raise ValueError(f"figure 7 attacks images of other classes than the target {target}")
     device = torch.device(device)
     rows = []
     attack = TargetedFGS(eta=eta, steps=steps, target=target)
-    for loaded in models:
-        info = describe(loaded)
+    for loaded, info in zip(models, _infos(models, infos), strict=True):
         t0 = time.perf_counter()
         stats = _StepStats(loaded.network, y, target, k_eval, steps, seed, device)
         run_attack(
@@ -234,6 +297,7 @@ def detection(
     device: torch.device | str = "cpu",
     progress: bool = False,
     roc_dir: Path | None = None,
+    infos: Sequence[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per (model, attack, score): AUROC, TPR at 5 % FPR, FPR at 95 % TPR, success rate.
 
@@ -241,12 +305,12 @@ def detection(
     (:func:`bayesgate.attacks.pipeline.detection_run`). Deterministic models get
     predictive-entropy rows only (their MI and variation ratio are 0). Slow attacks (CW) attack
     only the first ``cw_limit`` images. With ``roc_dir``, an ROC plot per model is written there
-    as ``detection_roc_<name>.png``.
+    as ``detection_roc_<name>.png`` (``name``: of :func:`describe_models`, distinct). ``infos``
+    as for :func:`figure6`.
     """
     parsed = [parse_attack(a) for a in attacks]
     rows = []
-    for loaded in models:
-        info = describe(loaded)
+    for loaded, info in zip(models, _infos(models, infos), strict=True):
         t0 = time.perf_counter()
         run = detection_run(
             loaded.network,
