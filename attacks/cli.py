@@ -23,6 +23,7 @@ from bayesgate.attacks.methods.parameters import (
     AttackParameters,
     parameter_defaults,
 )
+from bayesgate.attacks.robust_cli import check_distinct_models
 from bayesgate.attacks.specs import (
     DEFAULT_ATTACKS,
     DETECTION_ATTACKS,
@@ -358,6 +359,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     check_at_least("--slow-limit", args.cw_limit)  # 0 read as no limit, −1 as all but one
     if args.figure == "detection":  # figures 6 and 7 take no --attacks
         parse_parameter_list(args.attacks or DETECTION_ATTACKS)
+    check_distinct_models(args.models)  # one row, line and file each: not one model twice
     args.out = sweep_out(args)
     writable_dir(args.out, "--out")
     set_threads(args.threads)  # recorded as torch_threads; imports torch, after the checks
@@ -368,20 +370,21 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     device = pick_device(args.device)
     models = [load_model(d, device) for d in args.models]
+    infos = sweep.describe_models(models)  # labels and names told apart where they clash
     if not args.append:  # --append merges into them: replacing is what was asked for
-        note_replacing("sweep", _sweep_files(args.out, args.figure, models))
+        note_replacing("sweep", _sweep_files(args.out, args.figure, infos))
     x, y = _sweep_images(args.figure, args.limit)
     config: dict[str, Any] = {}
     rows: list[dict[str, Any]] = []
     seconds: dict[str, float] = {}  # per model (the figure functions run one model at a time)
-    for loaded in models:
+    for loaded, info in zip(models, infos, strict=True):
         t0 = time.perf_counter()
-        config, model_rows = _run_sweep(args, [loaded], x, y, device)
+        config, model_rows = _run_sweep(args, [loaded], [info], x, y, device)
         rows += model_rows
-        seconds[loaded.card.name] = round(time.perf_counter() - t0, 1)
+        seconds[info["name"]] = round(time.perf_counter() - t0, 1)
     meta = {
         **config,
-        "models": [sweep.describe(m) for m in models],
+        "models": infos,
         "seconds": seconds,
         "torch_threads": torch.get_num_threads(),
     }
@@ -395,12 +398,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sweep_files(out: Path, figure: str, models: list[Any]) -> list[Path]:
-    """The files a sweep writes into ``out`` (:func:`_write_sweep`, the detection ROC plots)."""
+def _sweep_files(out: Path, figure: str, infos: list[dict[str, Any]]) -> list[Path]:
+    """The files a sweep writes into ``out`` (:func:`_write_sweep`, the detection ROC plots);
+    ``infos``: the models' :func:`bayesgate.attacks.sweep.describe_models`."""
     stem = sweep_stem(figure)
     files = [out / f"{stem}.{ext}" for ext in ("csv", "json", "md")]
     if figure == "detection":
-        return files + [out / f"detection_roc_{m.card.name}.png" for m in models]
+        return files + [out / f"detection_roc_{d['name']}.png" for d in infos]
     return [*files, out / f"{stem}.png"]
 
 
@@ -418,9 +422,15 @@ def _sweep_images(figure: str, limit: int) -> tuple[Any, Any]:
 
 
 def _run_sweep(
-    args: argparse.Namespace, models: list[Any], x: Any, y: Any, device: Any
+    args: argparse.Namespace,
+    models: list[Any],
+    infos: list[dict[str, Any]],
+    x: Any,
+    y: Any,
+    device: Any,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The figure's rows, and the settings that ``--append`` requires to match."""
+    """The figure's rows, and the settings that ``--append`` requires to match; ``infos``: the
+    models' labels (of :func:`bayesgate.attacks.sweep.describe_models` of all the models given)."""
     from bayesgate.attacks import sweep
 
     k_eval = args.k_eval or (100 if args.figure == "detection" else 10)
@@ -431,6 +441,7 @@ def _run_sweep(
         "progress": not args.no_progress,
         "k": args.k,
         "k_eval": k_eval,
+        "infos": infos,
     }
     config: dict[str, Any] = {
         "figure": args.figure,
