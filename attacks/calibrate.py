@@ -41,6 +41,7 @@ from bayesgate.errors import InvalidArgument
 from bayesgate.models.mc.uncertainty import SCORES
 from bayesgate.models.store.calibration import Calibration
 from bayesgate.models.store.directory import LoadedModel, ModelCard
+from bayesgate.models.store.own_files import no_validation_split
 
 SCORE_NAMES: tuple[str, ...] = tuple(SCORES)
 SCORE_LABELS = {
@@ -226,10 +227,7 @@ def _settings(
         raise InvalidArgument(f"k and k_attack must be ≥ 1, got {k} and {k_attack}")
     val_size = card.training.val_size
     if val_size <= 0:
-        raise InvalidArgument(
-            f"model {card.name} was trained without a validation split (val_size 0): there are "
-            "no held-out images to calibrate on"
-        )
+        raise InvalidArgument(no_validation_split(card.name))
     return _Settings(score, target_fpr, k, k_attack, val_size, parsed)
 
 

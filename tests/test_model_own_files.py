@@ -162,3 +162,14 @@ def test_split_val_of_a_model_without_one_is_one_line(
         f"no held-out images to {purpose}; use --split test"
     )
     assert not (tmp_path / "a.npz").exists()
+
+
+def test_calibrate_of_a_model_without_a_validation_split_is_the_same_line(
+    no_val_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["calibrate", str(no_val_model), "--no-report", "--no-progress"]) == 2
+    assert _error(capsys) == (
+        "model v0 was trained without a validation split (val_size 0): there are no held-out "
+        "images to calibrate on"
+    )
+    assert not (no_val_model / "calibration.json").exists()
