@@ -1,0 +1,167 @@
+"""Pictures of the adversarial digits that get *through* a model's flag: misclassified and not
+flagged, with ``detect-eval``'s own images and verdicts (its cache, K, seed and threshold).
+
+    python bench/through_examples.py MODEL_DIR --attack SPEC [--limit 1000] [--show 8] \
+        [--out docs/robustness/slide/through.png] [--json …]
+
+For the first ``--limit`` test digits and the attack ``SPEC`` (e.g. ``slide``), the images come
+from ``detect-eval``'s cache when it has them (else the attack runs and is cached, as
+``detect-eval`` would); a digit is *through* when its clean prediction is right, the attacked
+one wrong (this run's K-pass MC prediction, as ``detect-eval`` judges) and the detector's served
+score is at most its threshold. The figure shows the first ``--show`` of them, three rows each
+column: the clean digit, the attacked digit (titled with the two predictions and the score) and
+the perturbation ``δ = x' − x`` (red up, blue down). The JSON has the counts and, per shown digit,
+its index, labels, score and ``‖δ‖₁``, ``‖δ‖₂``, ``‖δ‖∞`` and the number of pixels changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+CHANGED = 1e-3
+"""A pixel counts as changed when ``|δ|`` exceeds this."""
+
+
+def through(
+    run: Any, spec: Any, x: torch.Tensor, y: torch.Tensor
+) -> tuple[torch.Tensor, dict[str, Any], list[dict[str, Any]]]:
+    """``(x_adv, counts, rows)``: ``detect-eval``'s images and verdicts for ``spec`` on ``x``,
+    and one row per digit that gets through (index, labels, score, perturbation sizes)."""
+    from bayesgate.models.mc.uncertainty import predictive_mean
+
+    clean_probs, _ = run.score(x, "clean test")
+    clean_pred = predictive_mean(clean_probs).argmax(dim=1)
+    x_adv, success, summary = run._adversarial(spec, x, y, clean_pred)
+    # scored as detect-eval scores them: the successful images only, in one call (the MC masks
+    # depend on an image's place in the batch, so this gives its scores exactly)
+    probs, scores = run.score(x_adv[success], spec.label)
+    adv_pred = torch.full_like(y, -1)
+    adv_pred[success] = predictive_mean(probs).argmax(dim=1)
+    score = torch.full((len(x),), float("nan"), dtype=torch.float64)
+    score[success] = torch.from_numpy(np.asarray(scores[run.detector.score], dtype=np.float64))
+    passed = success & (score <= run.detector.threshold)
+    delta = (x_adv - x).flatten(1)
+    rows = [
+        {
+            "index": int(i),
+            "label": int(y[i]),
+            "predicted": int(adv_pred[i]),
+            "score": round(float(score[i]), 4),
+            "l1": round(float(delta[i].abs().sum()), 3),
+            "l2": round(float(delta[i].norm()), 3),
+            "linf": round(float(delta[i].abs().max()), 3),
+            "pixels_changed": int((delta[i].abs() > CHANGED).sum()),
+        }
+        for i in torch.nonzero(passed).flatten().tolist()
+    ]
+    counts = {
+        "images": summary["images"],
+        "eligible": summary["eligible"],
+        "successful": summary["successful"],
+        "through": len(rows),
+        "score": run.detector.score,
+        "threshold": run.detector.threshold,
+    }
+    return x_adv, counts, rows
+
+
+def plot(x: torch.Tensor, x_adv: torch.Tensor, rows: list[dict[str, Any]], title: str, out: Path):
+    """Clean, attacked and perturbation of each row's digit, one column each."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = max(len(rows), 1)
+    fig, axes = plt.subplots(3, n, figsize=(1.45 * n + 0.4, 4.9), squeeze=False)
+    for col in range(n):
+        for ax in axes[:, col]:
+            ax.set_xticks([])
+            ax.set_yticks([])
+        if col >= len(rows):
+            continue
+        r = rows[col]
+        i = r["index"]
+        clean, adv = x[i, 0].numpy(), x_adv[i, 0].numpy()
+        axes[0, col].imshow(clean, cmap="gray", vmin=0, vmax=1)
+        axes[0, col].set_title(f"{r['label']}", fontsize=9)
+        axes[1, col].imshow(adv, cmap="gray", vmin=0, vmax=1)
+        axes[1, col].set_title(f"→ {r['predicted']}  s={r['score']:.2f}", fontsize=8)
+        axes[2, col].imshow(adv - clean, cmap="bwr", vmin=-1, vmax=1)
+        axes[2, col].set_title(f"{r['pixels_changed']} px", fontsize=8)
+    axes[0, 0].set_ylabel("clean", fontsize=9)
+    axes[1, 0].set_ylabel("attacked", fontsize=9)
+    axes[2, 0].set_ylabel("δ", fontsize=9)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", type=Path)
+    parser.add_argument("--attack", required=True, help="attack spec, e.g. slide or slide:eps=5")
+    parser.add_argument("--limit", type=int, default=1000)
+    parser.add_argument("--show", type=int, default=8)
+    parser.add_argument("--k", type=int, default=None, help="default: the detector's K")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cache-dir", type=Path, default=None)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, required=True, help="the PNG")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if args.limit < 1 or args.show < 1:
+        parser.error("--limit and --show must be ≥ 1")
+    torch.set_num_threads(args.threads)
+
+    from bayesgate.attacks.detect_eval import _EvalRun
+    from bayesgate.attacks.detect_settings import EvalSettings
+    from bayesgate.models.data.mnist import load_mnist
+    from bayesgate.models.detection.store import load_detector
+    from bayesgate.models.store.directory import load_model
+
+    settings = EvalSettings(
+        attacks=(args.attack,), ood=(), limit=args.limit, k=args.k, seed=args.seed,
+        cache_dir=args.cache_dir,
+    )  # fmt: skip
+    settings.check()
+    (spec,) = settings.specs()
+    loaded = load_model(args.model)
+    detector = load_detector(args.model, loaded.card.weights_sha256)
+    run = _EvalRun(loaded, detector, settings, torch.device("cpu"), progress=False)
+    x, y = load_mnist("test", limit=args.limit)
+    x_adv, counts, rows = through(run, spec, x, y)
+    shown = rows[: args.show]
+    title = (
+        f"{loaded.card.name}, {spec.label}: {counts['through']} of {counts['eligible']} digits "
+        f"misclassified and not flagged ({counts['score']} ≤ {counts['threshold']:.3g}); "
+        f"the first {len(shown)}"
+    )
+    plot(x, x_adv, shown, title, args.out)
+    result = {
+        "model": loaded.card.name,
+        "attack": spec.key,
+        "k": run.k,
+        "seed": args.seed,
+        **counts,
+        "shown": shown,
+        "command": "python bench/through_examples.py " + " ".join(argv or sys.argv[1:]),
+    }
+    print(json.dumps({k: v for k, v in result.items() if k != "shown"}))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
