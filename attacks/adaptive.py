@@ -76,8 +76,7 @@ class AdaptivePGD(AdaptivePGDParameters):
     ) -> AdaptiveResult:
         """Attack ``x`` (B×…, in [0, 1]) away from labels ``y``; ``generator`` draws the start."""
         x = checked_images(x)
-        start = torch.rand(x.shape, generator=generator, device="cpu").to(x.device)
-        x_t = self._project(x + (2 * start - 1) * self.eps, x)
+        x_t = self._start(x, generator)
         best = x_t.clone()
         first = torch.full((x.shape[0],), -1, dtype=torch.int64, device=x.device)
         for t in range(self.steps + 1):
@@ -90,10 +89,19 @@ class AdaptivePGD(AdaptivePGDParameters):
             if t == self.steps:
                 break
             grad = torch.autograd.grad(self.loss(m, score, threshold).sum(), x_t)[0]
-            x_t = self._project(x_t.detach() - self.alpha * grad.sign(), x)
+            x_t = self._step(x_t.detach(), grad, x)
         found = first >= 0
         best[~found] = x_t.detach()[~found]
         return AdaptiveResult(best, found, first)
+
+    def _start(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        """A uniform random point of the ε-ball around ``x`` (in [0, 1])."""
+        start = torch.rand(x.shape, generator=generator, device="cpu").to(x.device)
+        return self._project(x + (2 * start - 1) * self.eps, x)
+
+    def _step(self, x_t: torch.Tensor, grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """One signed-gradient step down the loss, projected: ``clip(Π_ε(x_t − α·sgn ∇L))``."""
+        return self._project(x_t - self.alpha * grad.sign(), x)
 
     def _unflagged(self, score: torch.Tensor, threshold: float) -> torch.Tensor:
         """With λ = 0 (plain PGD) the attack ignores the detector altogether."""

@@ -263,6 +263,7 @@ def _row(
         "mean_l2_misclassified": _mean(l2[mis]),
         "mean_l2_evaded": _mean(l2[evaded]),
         "max_linf": float(linf.max()),
+        "max_l1": float(delta.abs().sum(dim=1).max()),
         "mean_score_misclassified": _mean(verdict["score"][mis]),
         "seconds": round(seconds, 1),
     }
@@ -296,6 +297,11 @@ def write_adaptive(result: dict[str, Any], out: Path | str) -> dict[str, Path]:
 
 
 def _optimizer_text(result: dict[str, Any]) -> str:
+    if result.get("optimizer", "pgd") == "slide":
+        return (
+            f"SLIDE (sparse L1 descent, Tramèr & Boneh 2019), {result['steps']} steps from the "
+            "clean image; **ε is an L1 radius** here"
+        )
     if result.get("optimizer", "pgd") == "apgd":
         restarts = result.get("restarts", 1)
         return (

@@ -28,8 +28,9 @@ if TYPE_CHECKING:
 
 SCHEDULES = ("misclassify-first", "joint")
 """When the detector term of the loss counts (:mod:`bayesgate.attacks.adaptive`)."""
-OPTIMIZERS = ("pgd", "apgd")
-"""What minimises the adaptive attack's loss: fixed ε/25 steps, or Auto-PGD's schedule."""
+OPTIMIZERS = ("pgd", "apgd", "slide")
+"""What minimises the adaptive attack's loss: fixed ε/25 L∞ steps, Auto-PGD's schedule, or
+sparse L1 steps (SLIDE; ε is then an L1 radius)."""
 
 
 def check_radius(name: str, value: float) -> None:
@@ -63,7 +64,7 @@ class AdaptivePGDParameters:
     optimizer: ClassVar[str] = "pgd"  # what minimises the loss (reports, cache names)
 
     def __post_init__(self) -> None:
-        check_radius("adaptive eps", self.eps)
+        self.check_eps("adaptive eps", self.eps)
         if self.steps < 1:
             raise InvalidArgument(f"adaptive steps must be ≥ 1, got {self.steps}")
         if self.step_size is not None and not 0.0 < self.step_size <= self.eps:
@@ -75,6 +76,11 @@ class AdaptivePGDParameters:
             raise InvalidArgument(
                 f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}"
             )
+
+    @staticmethod
+    def check_eps(name: str, value: float) -> None:
+        """The radius's range check (an L∞ radius here: :func:`check_radius`)."""
+        check_radius(name, value)
 
     @property
     def alpha(self) -> float:
@@ -122,6 +128,47 @@ class AdaptiveAPGDParameters(AdaptivePGDParameters):
         return f"-apgd-r{self.restarts}"
 
 
+def check_l1_radius(name: str, value: float) -> None:
+    """:class:`InvalidArgument` naming ``name`` unless ``value`` is a finite L1 radius > 0."""
+    if not (math.isfinite(value) and value > 0.0):
+        raise InvalidArgument(f"{name} must be a finite L1 radius > 0, got {value}")
+
+
+@dataclass(frozen=True)
+class AdaptiveSLIDEParameters(AdaptivePGDParameters):
+    """Of :class:`~bayesgate.attacks.adaptive_slide.AdaptiveSLIDE`: :class:`AdaptivePGDParameters`
+    with ``eps`` an **L1** radius (Tramèr & Boneh's MNIST budget: 10), minimised by sparse L1
+    steps of L1 length ``step_size`` (default ε/10) on the pixels whose gradient is at or above
+    the ``sparsity``-th percentile, from the clean image (no random start)."""
+
+    eps: float = 10.0
+    sparsity: float = 99.0
+
+    optimizer: ClassVar[str] = "slide"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0.0 < self.sparsity < 100.0:
+            raise InvalidArgument(f"adaptive sparsity must be in (0, 100), got {self.sparsity}")
+
+    @staticmethod
+    def check_eps(name: str, value: float) -> None:
+        check_l1_radius(name, value)
+
+    @property
+    def alpha(self) -> float:
+        return self.step_size if self.step_size is not None else self.eps / 10
+
+    @property
+    def cache_tag(self) -> str:
+        return f"-slide-q{self.sparsity:g}"
+
+
+def radius_check(optimizer: str) -> Any:
+    """The range check of ``--eps`` for ``optimizer``: L1 radii for ``slide``, L∞ otherwise."""
+    return check_l1_radius if optimizer == "slide" else check_radius
+
+
 @dataclass(frozen=True)
 class AdaptiveSettings:
     """Radii, detector weights (λ = 0 is plain PGD and always run), steps, test subset, K of the
@@ -165,6 +212,8 @@ class AdaptiveSettings:
         prefix = ""
         if self.optimizer == "apgd":
             kind, prefix, common["restarts"] = AdaptiveAPGDParameters, "APGD ", self.restarts
+        elif self.optimizer == "slide":
+            kind, prefix = AdaptiveSLIDEParameters, "SLIDE "
         out = [(f"plain {prefix or 'PGD'}".rstrip(), kind(weight=0.0, **common))]
         out += [(f"adaptive {prefix}λ={w:g}", kind(weight=w, **common)) for w in self.weights]
         out += [
@@ -177,6 +226,7 @@ class AdaptiveSettings:
         """``(name, attack)`` of :meth:`parameters`: the attacks themselves (torch)."""
         from bayesgate.attacks.adaptive import AdaptivePGD
         from bayesgate.attacks.adaptive_apgd import AdaptiveAPGD
+        from bayesgate.attacks.adaptive_slide import AdaptiveSLIDE
 
-        kind = AdaptiveAPGD if self.optimizer == "apgd" else AdaptivePGD
-        return [(name, kind(**asdict(p))) for name, p in self.parameters(eps)]
+        kinds = {"pgd": AdaptivePGD, "apgd": AdaptiveAPGD, "slide": AdaptiveSLIDE}
+        return [(name, kinds[self.optimizer](**asdict(p))) for name, p in self.parameters(eps)]

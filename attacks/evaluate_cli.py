@@ -19,7 +19,7 @@ from bayesgate.attacks.adaptive_settings import (
     OPTIMIZERS,
     AdaptiveSettings,
     check_non_negative,
-    check_radius,
+    radius_check,
 )
 from bayesgate.attacks.detect_settings import EvalSettings
 from bayesgate.attacks.ood_names import OOD_NAMES
@@ -100,7 +100,14 @@ def _register_adaptive_eval(sub: argparse._SubParsersAction) -> None:
     )
     _common(p)
     p.add_argument("--limit", type=int, default=d.limit, help="first N test images")
-    list_flag(p, "--eps", item=float, default=list(d.eps), metavar="EPS", help="L∞ radii")
+    list_flag(
+        p,
+        "--eps",
+        item=float,
+        default=list(d.eps),
+        metavar="EPS",
+        help="L∞ radii (L1 radii with --optimizer slide, e.g. 10)",
+    )
     list_flag(
         p, "--weights", item=float, default=list(d.weights), metavar="WEIGHT", help="λ values"
     )
@@ -121,7 +128,8 @@ def _register_adaptive_eval(sub: argparse._SubParsersAction) -> None:
         choices=OPTIMIZERS,
         default=d.optimizer,
         help="pgd: fixed steps of ε/25; apgd: Auto-PGD's step schedule and momentum "
-        "(Croce & Hein 2020), the stronger optimiser",
+        "(Croce & Hein 2020), the stronger optimiser; slide: sparse L1 steps of ε/10 (Tramèr & "
+        "Boneh 2019), --eps then L1 radii",
     )
     p.add_argument(
         "--restarts",
@@ -264,8 +272,8 @@ def _check_adaptive_flags(args: argparse.Namespace) -> None:
     check_at_least("--restarts", args.restarts)
     if not args.eps:  # `--eps ,`
         raise InvalidArgument("--eps: give at least one radius")
-    for eps in args.eps:
-        check_radius("--eps", eps)
+    for eps in args.eps:  # L1 radii for the slide optimizer, L∞ for the others
+        radius_check(args.optimizer)("--eps", eps)
     for flag in ("weights", "joint_weights"):
         for weight in getattr(args, flag):
             check_non_negative("--" + flag.replace("_", "-"), weight)

@@ -233,6 +233,19 @@ def test_evaluate_adaptive_with_apgd_and_restarts(detector_dir: Path, tmp_path: 
     )
 
 
+def test_evaluate_adaptive_with_slide(detector_dir: Path, tmp_path: Path) -> None:
+    settings = AdaptiveSettings(
+        eps=(4.0,), weights=(1.0,), steps=8, limit=40, k_attack=5, k=20, cache_dir=tmp_path,
+        optimizer="slide",
+    )  # fmt: skip
+    result = evaluate_adaptive(load_model(detector_dir), load_detector(detector_dir), settings)
+    assert [r["attack"] for r in result["rows"]] == ["plain SLIDE", "adaptive SLIDE λ=1"]
+    assert {r["optimizer"] for r in result["rows"]} == {"slide"}
+    assert all(r["max_l1"] <= 4.0 + 1e-4 and r["misclassified"] > 0 for r in result["rows"])
+    assert sorted("-slide-q99" in p.name for p in tmp_path.rglob("*.npz")) == [True] * 2
+    assert "ε is an L1 radius" in adaptive_table(result)
+
+
 # --- detect-eval ---------------------------------------------------------------------------------
 
 
