@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -166,7 +167,20 @@ def test_adaptive_apgd_rejects_bad_settings() -> None:
 # --- against a real fitted detector --------------------------------------------------------------
 
 
-def test_adaptive_lowers_the_fused_score_below_plain_pgd(detector_dir: Path) -> None:
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """One torch thread (the reductions' order, so the numbers, do not depend on the machine or
+    on what an earlier test left set), restored afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_adaptive_lowers_the_fused_score_below_plain_pgd(detector_dir: Path, one_thread) -> None:
+    """Seeded throughout (the random starts too: from the global generator they depended on the
+    tests that ran before, and one order of the whole suite gave −0.19 against −0.29…−0.39 for
+    six seeds)."""
     loaded, det = load_model(detector_dir), load_detector(detector_dir)
     net = loaded.network
     x, _ = load_mnist("test", limit=50)
@@ -175,7 +189,8 @@ def test_adaptive_lowers_the_fused_score_below_plain_pgd(detector_dir: Path) -> 
     for weight in (0.0, 1.0):
         fn = detector_score_fn(net, det, 5, generator=torch.Generator().manual_seed(0))
         attack = AdaptivePGD(eps=0.2, steps=20, weight=weight)
-        results[weight] = attack(fn, x, clean_pred, det.threshold)
+        start = torch.Generator().manual_seed(1)
+        results[weight] = attack(fn, x, clean_pred, det.threshold, generator=start)
         assert (results[weight].x_adv - x).abs().max() <= 0.2 + 1e-6
     fused = {w: score_images(det, net, r.x_adv, k=20, seed=9)["fused"] for w, r in results.items()}
     assert fused[1.0].mean() < fused[0.0].mean() - 0.2, {w: f.mean() for w, f in fused.items()}
