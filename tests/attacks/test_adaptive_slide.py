@@ -10,6 +10,7 @@ import pytest
 import torch
 from attacks_testnets import LinearNet
 from test_attacks_cli_checks import _error, _never
+from test_attacks_detector_eval import _linear_score_fn
 
 from bayesgate.attacks import evaluate_cli
 from bayesgate.attacks.adaptive_settings import AdaptiveSettings
@@ -17,13 +18,6 @@ from bayesgate.attacks.adaptive_slide import AdaptiveSLIDE
 from bayesgate.attacks.methods.square import margin
 from bayesgate.cli import main
 from bayesgate.errors import InvalidArgument
-
-
-def _linear_score_fn(net: LinearNet, centre: torch.Tensor):
-    def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.log_softmax(net(x), dim=1), (x - centre).flatten(1).pow(2).sum(1)
-
-    return fn
 
 
 def test_one_step_by_hand() -> None:
