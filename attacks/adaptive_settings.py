@@ -17,6 +17,7 @@ here, they answer without importing torch (~3 s).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -164,7 +165,7 @@ class AdaptiveSLIDEParameters(AdaptivePGDParameters):
         return f"-slide-q{self.sparsity:g}"
 
 
-def radius_check(optimizer: str) -> Any:
+def radius_check(optimizer: str) -> Callable[[str, float], None]:
     """The range check of ``--eps`` for ``optimizer``: L1 radii for ``slide``, L∞ otherwise."""
     return check_l1_radius if optimizer == "slide" else check_radius
 

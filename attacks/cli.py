@@ -23,7 +23,6 @@ from bayesgate.attacks.methods.parameters import (
     AttackParameters,
     parameter_defaults,
 )
-from bayesgate.attacks.robust_cli import check_distinct_models
 from bayesgate.attacks.specs import (
     DEFAULT_ATTACKS,
     DETECTION_ATTACKS,
@@ -39,7 +38,11 @@ from bayesgate.extras import Need
 from bayesgate.models.device import DEVICE_CHOICES, add_threads_flag, pick_device, set_threads
 from bayesgate.models.mc.options import SCORE_NAMES
 from bayesgate.models.store.bundled import READ_MODEL_HELP, model_to_read
-from bayesgate.models.store.own_files import no_validation_split, refuse_model_file
+from bayesgate.models.store.own_files import (
+    check_distinct_models,
+    check_split,
+    refuse_model_file,
+)
 from bayesgate.outputs import note_replacing, write_text_atomically
 
 FIGURES = ("6", "7", "detection")
@@ -257,9 +260,7 @@ def cmd_attack(args: argparse.Namespace) -> int:
     attack = attack_of(parameters)
     device = pick_device(args.device)
     loaded = load_model(args.model, device)
-    if args.split == "val" and loaded.card.training.val_size <= 0:
-        no_val = no_validation_split(loaded.card.name, "attack")
-        raise InvalidArgument(f"--split val: {no_val}; use --split test")
+    check_split(args.split, loaded.card.name, loaded.card.training.val_size, "attack")
     k = args.k or loaded.card.inference.k_attack
     k_eval = args.k_eval or loaded.card.inference.k_test
     x, y = load_mnist(args.split, val_size=loaded.card.training.val_size, limit=args.limit)

@@ -25,6 +25,7 @@ from bayesgate.listflags import list_flag
 from bayesgate.models.device import add_threads_flag, pick_device, set_threads
 from bayesgate.models.store.bundled import model_to_read
 from bayesgate.models.store.files import CARD_FILE
+from bayesgate.models.store.own_files import check_distinct_models
 from bayesgate.outputs import note_replacing
 
 if TYPE_CHECKING:
@@ -122,20 +123,6 @@ def cmd_evaluate_robust(args: argparse.Namespace) -> int:
     paths = write_outputs(result, args.out)
     print_report(paths["markdown"], {k: str(v) for k, v in paths.items()})
     return 0
-
-
-def check_distinct_models(paths: Sequence[Path]) -> None:
-    """:class:`InvalidArgument` naming the first model directory given twice (also as another
-    spelling of the same folder: ``m``, ``./m``, an absolute path, a symbolic link): the commands
-    that take several models (``evaluate-robust``, ``sweep``) would evaluate it twice, and write
-    two identical rows. Torch-free, so it answers before torch's import."""
-    seen: dict[Path, Path] = {}
-    for path in paths:
-        key = Path(path).resolve()
-        if key in seen:
-            same = "" if str(seen[key]) == str(path) else f" (as {seen[key]} and {path})"
-            raise InvalidArgument(f"model directory {path} given twice{same}: give each model once")
-        seen[key] = Path(path)
 
 
 def _settings(args: argparse.Namespace) -> RobustSettings:

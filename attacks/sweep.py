@@ -24,12 +24,12 @@ import torch
 
 from bayesgate.attacks.methods import FGS, TargetedFGS
 from bayesgate.attacks.pipeline import AttackResult, DetectionRun, detection_run
-from bayesgate.attacks.robust_cli import check_distinct_models
 from bayesgate.attacks.run import mc_predictions, run_attack
 from bayesgate.attacks.specs import DETECTION_ATTACKS, parse_attack
 from bayesgate.models.mc.engine import mc_predict
 from bayesgate.models.mc.uncertainty import mutual_information, predictive_entropy, predictive_mean
 from bayesgate.models.store.directory import LoadedModel
+from bayesgate.models.store.own_files import check_distinct_models
 from bayesgate.outputs import write_atomically
 
 FIGURE6_ETAS = tuple(round(0.05 * i, 2) for i in range(11))  # 0, 0.05, …, 0.5

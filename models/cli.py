@@ -42,7 +42,7 @@ from bayesgate.models.store.files import (
     ROC_FILE,
 )
 from bayesgate.models.store.names import served_name_problem
-from bayesgate.models.store.own_files import no_validation_split, refuse_model_file
+from bayesgate.models.store.own_files import check_split, refuse_model_file
 from bayesgate.models.training.config import LOSSES, LR_SCHEDULES, OPTIMIZERS, TrainConfig
 
 if TYPE_CHECKING:
@@ -587,9 +587,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     set_threads(args.threads)
     device = pick_device(args.device)
     loaded = load_model(model_dir, device)
-    if args.split == "val" and loaded.card.training.val_size <= 0:
-        no_val = no_validation_split(loaded.card.name, "evaluate on")
-        raise InvalidArgument(f"--split val: {no_val}; use --split test")
+    check_split(args.split, loaded.card.name, loaded.card.training.val_size, "evaluate on")
     x, y = load_mnist(args.split, val_size=loaded.card.training.val_size, limit=args.limit)
     probs, log_probs = collect_mc(
         loaded.network,

@@ -5,13 +5,17 @@
   directory (:data:`MODEL_FILES`) — by any path: relative, through a symlink, or a hard link.
   Written there, the output replaced the model's card, weights, calibration or detector, and the
   model no longer loaded.
-- :func:`no_validation_split`: the one line for a model trained with ``--val-size 0`` asked for
-  its validation split (``calibrate``'s words; ``evaluate`` and ``attack --split val`` use it).
+- :func:`no_validation_split`, :func:`check_split`: the one line for a model trained with
+  ``--val-size 0`` asked for its validation split (``calibrate``, ``evaluate`` and
+  ``attack --split val``);
+- :func:`check_distinct_models`: the commands that take several models (``evaluate-robust``,
+  ``sweep``) refuse one given twice.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from bayesgate.errors import InvalidArgument
@@ -62,3 +66,26 @@ def no_validation_split(name: str, purpose: str = "calibrate on") -> str:
         f"model {name} was trained without a validation split (val_size 0): there are "
         f"no held-out images to {purpose}"
     )
+
+
+def check_split(split: str, name: str, val_size: int, purpose: str) -> None:
+    """:class:`InvalidArgument` when ``split`` is ``"val"`` and model ``name`` was trained without
+    a validation split (``val_size`` 0): :func:`no_validation_split`'s line, for ``--split``."""
+    if split == "val" and val_size <= 0:
+        raise InvalidArgument(
+            f"--split val: {no_validation_split(name, purpose)}; use --split test"
+        )
+
+
+def check_distinct_models(paths: Sequence[Path]) -> None:
+    """:class:`InvalidArgument` naming the first model directory given twice (also as another
+    spelling of the same folder: ``m``, ``./m``, an absolute path, a symbolic link): the commands
+    that take several models (``evaluate-robust``, ``sweep``) would evaluate it twice, and write
+    two identical rows. Torch-free, so it answers before torch's import."""
+    seen: dict[Path, Path] = {}
+    for path in paths:
+        key = Path(path).resolve()
+        if key in seen:
+            same = "" if str(seen[key]) == str(path) else f" (as {seen[key]} and {path})"
+            raise InvalidArgument(f"model directory {path} given twice{same}: give each model once")
+        seen[key] = Path(path)

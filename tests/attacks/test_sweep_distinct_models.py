@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 
 from bayesgate.attacks import robust_cli, robust_eval
-from bayesgate.attacks.robust_cli import check_distinct_models
 from bayesgate.attacks.sweep import _KINDS, describe, describe_models, detection, figure6
 from bayesgate.cli import main
 from bayesgate.errors import InvalidArgument
 from bayesgate.models.data.mnist import load_mnist
 from bayesgate.models.networks.registry import build_network, network_types, preset_architecture
 from bayesgate.models.store.directory import LoadedModel, ModelCard, load_model, save_model
+from bayesgate.models.store.own_files import check_distinct_models
 
 
 def _model(directory: Path, name: str, preset: str = "mlp-2x32", alpha: float = 0.5) -> Path:
