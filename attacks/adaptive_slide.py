@@ -13,7 +13,9 @@ image::
     δ = x_{t+1} − x;  δ ← δ · min(1, ε/‖δ‖₁);  x_{t+1} = clip(x + δ)
 
 (α = ``step_size``, default ε/10), from the clean image: no random start, as cleverhans's SLIDE.
-The L1 "projection" is cleverhans's rescaling — inside the ball, not its closest point.
+The L1 "projection" is cleverhans's rescaling — inside the ball, not its closest point. The step
+is :func:`bayesgate.models.training.sparse_l1.sparse_l1_step`, which L1 adversarial training takes
+too.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
-from bayesgate.attacks.adaptive import CLIP_MAX, CLIP_MIN, AdaptivePGD
+from bayesgate.attacks.adaptive import AdaptivePGD
 from bayesgate.attacks.adaptive_settings import AdaptiveSLIDEParameters
+from bayesgate.models.training.sparse_l1 import project_l1, sparse_l1_step
 
 
 @dataclass(frozen=True)
@@ -34,20 +37,8 @@ class AdaptiveSLIDE(AdaptiveSLIDEParameters, AdaptivePGD):
         return x.clone()
 
     def _step(self, x_t: torch.Tensor, grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        d = -grad.flatten(1)
-        flat = x_t.flatten(1)
-        d = torch.where(((flat <= CLIP_MIN) & (d < 0)) | ((flat >= CLIP_MAX) & (d > 0)), 0.0, d)
-        size = d.abs()
-        k = max(1, int(self.sparsity / 100.0 * size.shape[1]))
-        q = size.kthvalue(k, dim=1, keepdim=True).values
-        top = (size >= q).to(d.dtype)
-        step = torch.sign(d) * top / top.sum(dim=1, keepdim=True)
-        x_new = (flat + self.alpha * step).clamp(CLIP_MIN, CLIP_MAX)
-        return self._project(x_new.view_as(x_t), x)
+        return sparse_l1_step(x_t, x, -grad, self.alpha, self.eps, self.sparsity)
 
     def _project(self, x_t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``clip(x + δ·min(1, ε/‖δ‖₁))`` with ``δ = x_t − x``, per image."""
-        delta = (x_t - x).flatten(1)
-        l1 = delta.abs().sum(dim=1, keepdim=True)
-        scale = torch.clamp(self.eps / l1.clamp_min(1e-12), max=1.0)
-        return (x + (delta * scale).view_as(x)).clamp(CLIP_MIN, CLIP_MAX)
+        return project_l1(x_t, x, self.eps)

@@ -35,6 +35,11 @@ FIELDS = {
     "clean_mix": "clean_mix",
     "attack_k": "attack_k",
     "monitor_size": "monitor_size",
+    "l1_eps": "l1_eps",
+    "l1_share": "l1_share",
+    "l1_steps": "l1_steps",
+    "l1_step_size": "l1_step_size",  # default None: 2.5·ε₁/steps
+    "l1_sparsity": "l1_sparsity",
 }
 """The options that apply with ``--adversarial`` only, and the :class:`AdversarialConfig` field
 each sets."""
@@ -42,10 +47,14 @@ ADVERSARIAL_DEFAULTS: dict[str, Any] = {
     key: getattr(AdversarialConfig(), field) for key, field in FIELDS.items()
 }
 """Those options' values when not given: :class:`AdversarialConfig`'s defaults."""
+L1_ONLY = ("l1_share", "l1_steps", "l1_step_size", "l1_sparsity")
+"""The options that apply with ``--l1-eps`` > 0 only."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("adversarial training (Madry et al. 2018; Wong et al. 2020)")
+    g = p.add_argument_group(
+        "adversarial training (Madry et al. 2018; Wong et al. 2020; Tramèr & Boneh 2019)"
+    )
     g.add_argument(
         "--adversarial",
         choices=ADVERSARIAL_METHODS,
@@ -94,6 +103,39 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         f"{d['monitor_size']})",
     )
     g.add_argument(
+        "--l1-eps",
+        type=float,
+        default=None,
+        help="also train on sparse L1 (SLIDE) examples of this L1 radius, beside the L∞ ones "
+        "(Tramèr & Boneh 2019; their MNIST radius: 10) (default 0: none)",
+    )
+    g.add_argument(
+        "--l1-share",
+        type=float,
+        default=None,
+        help=f"with --l1-eps: fraction of the attacked examples of a minibatch that get the L1 "
+        f"attack (default {d['l1_share']})",
+    )
+    g.add_argument(
+        "--l1-steps",
+        type=int,
+        default=None,
+        help=f"with --l1-eps: SLIDE steps per minibatch (default {d['l1_steps']})",
+    )
+    g.add_argument(
+        "--l1-step-size",
+        type=float,
+        default=None,
+        help="with --l1-eps: L1 length of a step at full ε₁ (default 2.5·ε₁/steps)",
+    )
+    g.add_argument(
+        "--l1-sparsity",
+        type=float,
+        default=None,
+        help=f"with --l1-eps: percentile of |∇| above which a pixel moves in a step (default "
+        f"{d['l1_sparsity']}: the top 1 %%)",
+    )
+    g.add_argument(
         "--epoch-log", type=Path, default=None, help="append every epoch's row to this JSONL file"
     )
 
@@ -120,7 +162,18 @@ def check_arguments(args: argparse.Namespace) -> None:
                 "model is trained on clean images"
             )
         return
+    with_l1 = bool(getattr(args, "l1_eps", None))
+    if not with_l1:
+        given = [key for key in L1_ONLY if getattr(args, key, None) is not None]
+        if given:
+            flags = ", ".join("--" + key.replace("_", "-") for key in given)
+            verb = "applies" if len(given) == 1 else "apply"
+            raise InvalidArgument(
+                f"{flags} {verb} with --l1-eps > 0 only; without it no L1 examples are made"
+            )
     for key, default in ADVERSARIAL_DEFAULTS.items():
+        if key.startswith("l1_") and not with_l1:
+            continue  # an L∞-only run's command stays as it was before the L1 options
         if getattr(args, key, None) is None:
             setattr(args, key, default)
 

@@ -44,6 +44,7 @@ from bayesgate.models.store.files import (
 from bayesgate.models.store.names import served_name_problem
 from bayesgate.models.store.own_files import check_split, refuse_model_file
 from bayesgate.models.training.config import LOSSES, LR_SCHEDULES, OPTIMIZERS, TrainConfig
+from bayesgate.models.training.init_from import init_source, load_init_weights
 
 if TYPE_CHECKING:
     import torch
@@ -228,6 +229,14 @@ def _run_flags(p: argparse.ArgumentParser) -> None:
         help="continue from the checkpoint (same settings; --epochs may grow with a constant "
         "lr; with --keep-best, --patience may change: it only decides when to stop)",
     )
+    p.add_argument(
+        "--init-from",
+        type=Path,
+        default=None,
+        metavar="MODEL",
+        help="start from this model's weights (a directory or bundled name, e.g. "
+        "bayesgate-robust): fine-tuning; its architecture must be the preset's",
+    )
     add_threads_flag(p)
 
 
@@ -266,6 +275,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         )
     arch = _architecture(args)
     adversarial = adversarial_cli.adversarial_config(args, config.alpha)
+    init = None if args.init_from is None else init_source(args.init_from, arch, args.preset)
     suffix = "elbo" if args.loss == "elbo" else f"alpha{config.alpha:g}"
     name = args.name or (f"{args.preset}" if not arch["stochastic"] else f"{args.preset}-{suffix}")
     if (problem := served_name_problem(name)) is not None:  # `serve` would refuse the model
@@ -286,7 +296,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from bayesgate.models.training import outputs as run_outputs
     from bayesgate.models.training.checkpoint import STATE_FILE, finished_run_in
 
-    checkpointing = _checkpointing(args, name, arch, adversarial)
+    checkpointing = _checkpointing(args, name, arch, adversarial, init)
     # --resume with this run's checkpoint continues the run that wrote --out (same name):
     # writing its model there again is the point; anything else needs --force
     held = (out / CARD_FILE).is_file()
@@ -304,6 +314,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     val_data = load_mnist("val", val_size=args.val_size) if args.val_size else None
     torch.manual_seed(args.seed)  # the initial weights, too, follow --seed
     model = build_network(arch)
+    if init is not None:  # a resumed run's checkpoint replaces these weights with its own
+        load_init_weights(model, init)
     print(f"training {name} on {train_data[0].shape[0]} images, device {device}, checkpoint "
           f"{checkpointing.directory}", file=sys.stderr)  # fmt: skip
     if args.resume and not (Path(checkpointing.directory) / STATE_FILE).is_file():
@@ -331,6 +343,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         batch_transform=transform,
     )
     card = _model_card(name, arch, config, args, result, int(train_data[0].shape[0]), device)
+    if init is not None:
+        card.training.init_from = init
     card.training.command = command_line(args, omit=("force",))
     card = save_model(model, card, out)
     if old_sha is not None and old_sha != card.weights_sha256:
@@ -407,18 +421,28 @@ def _checkpoint_dir(args: argparse.Namespace, name: str) -> Path:
 
 
 def _checkpointing(
-    args: argparse.Namespace, name: str, arch: dict[str, Any], adversarial: AdversarialConfig | None
+    args: argparse.Namespace,
+    name: str,
+    arch: dict[str, Any],
+    adversarial: AdversarialConfig | None,
+    init: dict[str, str] | None = None,
 ) -> Checkpointing:
-    """Where the per-epoch checkpoint goes, and the settings a resumed run must match."""
+    """Where the per-epoch checkpoint goes, and the settings a resumed run must match (the
+    starting weights only when ``--init-from`` gave some: older checkpoints have no such key)."""
     from bayesgate.models.training.checkpoint import Checkpointing
 
+    settings = {
+        "preset": args.preset,
+        "architecture": arch,
+        "val_size": args.val_size,
+        "limit": args.limit,
+        "adversarial": adversarial.as_dict() if adversarial else None,
+    }
+    if init is not None:
+        settings["init_from"] = init["weights_sha256"]
     return Checkpointing(
-        directory=_checkpoint_dir(args, name),
-        resume=args.resume,
-        settings={"preset": args.preset, "architecture": arch, "val_size": args.val_size,
-                  "limit": args.limit,
-                  "adversarial": adversarial.as_dict() if adversarial else None},
-    )  # fmt: skip
+        directory=_checkpoint_dir(args, name), resume=args.resume, settings=settings
+    )
 
 
 def _epoch_hooks(

@@ -25,6 +25,14 @@ epoch (the step size scales with it), so the first minibatch already sees a smal
 ``clean_mix = f`` the first ``round(f·B)`` examples of every (shuffled) minibatch stay clean, so
 the energy is ``(1 − f)·L_adv + f·L_clean`` in expectation and the attack costs ``(1 − f)`` as
 much.
+
+**L1 examples beside the L∞ ones** (``l1_eps > 0``; Tramèr & Boneh 2019, "Adversarial training
+and robustness for multiple perturbations", their "avg" strategy with the perturbation types
+split over a minibatch rather than each example attacked by all): of the attacked examples of a
+minibatch, the last ``round(l1_share·n)`` are replaced by :func:`energy_attack_l1`'s — SLIDE
+steps (:mod:`.sparse_l1`) ascending the same energy in the L1 ball of radius ``ε₁``, from the
+clean image — and the others by the L∞ attack's. The minibatches are shuffled, so which examples
+get which attack is random. ``ε₁`` ramps with ``ε`` (the same factor).
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from torch import nn
 from bayesgate.models.mc.engine import mc_log_predictive, mc_logits
 from bayesgate.models.mc.losses import bbalpha_softmax_loss
 from bayesgate.models.training.adversarial_config import AdversarialConfig
+from bayesgate.models.training.sparse_l1 import sparse_l1_step
 
 
 def ramped_eps(eps: float, ramp_epochs: float, step: int, steps_per_epoch: int) -> float:
@@ -75,6 +84,53 @@ def energy_attack(
     return signed_pgd(energy, x, start, eps, steps, step_size)
 
 
+def energy_attack_l1(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    eps: float,
+    steps: int,
+    step_size: float,
+    *,
+    sparsity: float = 99.0,
+    k: int = 1,
+    alpha: float = 0.5,
+) -> torch.Tensor:
+    """Sparse L1 ascent (SLIDE) of ``Σ_n L_n(α)`` over ``k`` passes per step, from ``x``.
+
+    ``x_{t+1}`` = :func:`~.sparse_l1.sparse_l1_step` of ``x_t`` along ``∇_x Σ_n L_n(x_t)``
+    (L1 length ``step_size``, the top ``100 − sparsity`` % of pixels by ``|∇|``), kept in the L1
+    ball ``‖x' − x‖₁ ≤ eps`` and [0, 1]. Masks follow the model's mode, as in
+    :func:`energy_attack`. Returns ``x_steps`` (detached).
+    """
+    if eps == 0:
+        return x.detach().clone()
+
+    def energy(x_adv: torch.Tensor) -> torch.Tensor:
+        return bbalpha_softmax_loss(mc_logits(model, x_adv, k), y, alpha) * x.shape[0]
+
+    return sparse_l1_ascent(energy, x, eps, steps, step_size, sparsity)
+
+
+def sparse_l1_ascent(
+    objective: Callable[[torch.Tensor], torch.Tensor],
+    x: torch.Tensor,
+    eps: float,
+    steps: int,
+    step_size: float,
+    sparsity: float,
+) -> torch.Tensor:
+    """``x_0 = x``, then ``steps`` times ``x_{t+1}`` = :func:`~.sparse_l1.sparse_l1_step` of
+    ``x_t`` along ``∇ objective(x_t)``; detached."""
+    x = x.detach()
+    x_adv = x.clone()
+    for _ in range(steps):
+        x_adv.requires_grad_(True)
+        (grad,) = torch.autograd.grad(objective(x_adv), x_adv)
+        x_adv = sparse_l1_step(x_adv.detach(), x, grad, step_size, eps, sparsity)
+    return x_adv
+
+
 def signed_pgd(
     objective: Callable[[torch.Tensor], torch.Tensor],
     x: torch.Tensor,
@@ -100,7 +156,8 @@ class AdversarialBatch:
 
     It counts the minibatches it has transformed to ramp ε; a resumed run sets ``done`` to the
     minibatches of the epochs already trained (``epochs_done·S``). Examples after the first
-    ``round(clean_mix·B)`` are replaced by :func:`energy_attack`'s.
+    ``round(clean_mix·B)`` are replaced by :func:`energy_attack`'s, or, the last
+    ``round(l1_share·n)`` of those ``n`` when ``l1_eps > 0``, by :func:`energy_attack_l1`'s.
     """
 
     def __init__(self, config: AdversarialConfig, steps_per_epoch: int, done: int = 0) -> None:
@@ -122,10 +179,25 @@ class AdversarialBatch:
         self.done += 1
         eps = self.eps_at(self.done)
         clean = round(c.clean_mix * x.shape[0])
-        adv = energy_attack(
-            model, x[clean:], y[clean:], eps, c.n_steps, c.step_at(eps), k=c.attack_k, alpha=c.alpha
-        )
-        return torch.cat([x[:clean], adv]), y
+        l1 = c.l1_rows(x.shape[0] - clean)
+        cut = x.shape[0] - l1
+        parts = [x[:clean]]
+        if cut > clean:
+            parts.append(
+                energy_attack(
+                    model, x[clean:cut], y[clean:cut], eps, c.n_steps, c.step_at(eps),
+                    k=c.attack_k, alpha=c.alpha,
+                )
+            )  # fmt: skip
+        if l1:
+            eps1 = c.l1_eps * eps / c.eps  # ε₁ ramps with ε
+            parts.append(
+                energy_attack_l1(
+                    model, x[cut:], y[cut:], eps1, c.l1_steps, c.l1_step_at(eps1),
+                    sparsity=c.l1_sparsity, k=c.attack_k, alpha=c.alpha,
+                )
+            )  # fmt: skip
+        return torch.cat(parts), y
 
 
 def monitor_accuracy(
@@ -144,11 +216,15 @@ def monitor_accuracy(
     seeded with ``seed``, so the number is comparable across epochs); the verdict is
     ``argmax_c p̄(c|x')`` over ``k`` further passes. The step count is the training attack's
     (``1`` for FGSM-RS would flatter the model, so at least 10 steps of ``2.5·ε/steps``).
+
+    With L1 examples (``l1_eps > 0``) also ``monitor_l1_acc``: the accuracy under SLIDE on the same
+    loss at full ``ε₁``, at least 20 steps of ``2.5·ε₁/steps`` (the same masks generator).
     """
     steps = max(config.n_steps, 10)
     step_size = 2.5 * config.eps / steps
     generator = torch.Generator(device=x.device).manual_seed(seed)
-    clean_hits = robust_hits = 0
+    clean_hits = robust_hits = l1_hits = 0
+    l1_steps = max(config.l1_steps, 20)
     was_training = model.training
     model.eval()
     try:
@@ -156,10 +232,17 @@ def monitor_accuracy(
             clean_hits += _correct(model, xb, yb, k, generator).sum().item()
             adv = _predictive_pgd(model, xb, yb, config.eps, steps, step_size, k, generator)
             robust_hits += _correct(model, adv, yb, k, generator).sum().item()
+            if config.l1_eps > 0:
+                step = 2.5 * config.l1_eps / l1_steps
+                adv = _predictive_slide(model, xb, yb, config, l1_steps, step, k, generator)
+                l1_hits += _correct(model, adv, yb, k, generator).sum().item()
     finally:
         model.train(was_training)
     n = max(1, x.shape[0])
-    return {"monitor_clean_acc": clean_hits / n, "monitor_robust_acc": robust_hits / n}
+    row = {"monitor_clean_acc": clean_hits / n, "monitor_robust_acc": robust_hits / n}
+    if config.l1_eps > 0:
+        row["monitor_l1_acc"] = l1_hits / n
+    return row
 
 
 def _correct(
@@ -186,6 +269,24 @@ def _predictive_pgd(
         return -mc_log_predictive(model, x_adv, k, generator=generator).gather(1, y[:, None]).sum()
 
     return signed_pgd(nll, x, start, eps, steps, step_size)
+
+
+def _predictive_slide(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    config: AdversarialConfig,
+    steps: int,
+    step_size: float,
+    k: int,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """SLIDE on ``−Σ_n log p̄(y_n|x_n)`` from ``x`` (masks drawn from ``generator``)."""
+
+    def nll(x_adv: torch.Tensor) -> torch.Tensor:
+        return -mc_log_predictive(model, x_adv, k, generator=generator).gather(1, y[:, None]).sum()
+
+    return sparse_l1_ascent(nll, x, config.l1_eps, steps, step_size, config.l1_sparsity)
 
 
 def project_linf(x_adv: torch.Tensor, x: torch.Tensor, eps: float | torch.Tensor) -> torch.Tensor:

@@ -30,6 +30,13 @@ class AdversarialConfig:
     attack_k: int = 1  # MC passes per attack step
     alpha: float = 0.5  # α of the energy the attack ascends (the trainer's)
     monitor_size: int = 500  # held-out images of the per-epoch clean / robust accuracy
+    # L1 examples beside the L∞ ones (Tramèr & Boneh 2019); l1_eps 0 = none (then the L1 keys
+    # are left out of as_dict, so cards and checkpoints of L∞-only runs read as before)
+    l1_eps: float = 0.0
+    l1_share: float = 0.5  # of the attacked examples of a minibatch, the last ones
+    l1_steps: int = 10
+    l1_step_size: float | None = None  # at full ε₁; default 2.5·ε₁/l1_steps
+    l1_sparsity: float = 99.0  # percentile of |∇| above which a pixel moves in a step
 
     def __post_init__(self) -> None:
         checks = [
@@ -49,6 +56,17 @@ class AdversarialConfig:
             (self.attack_k >= 1, f"attack k must be ≥ 1, got {self.attack_k}"),
             (self.alpha >= 0, f"alpha must be ≥ 0, got {self.alpha}"),
             (self.monitor_size >= 0, f"monitor size must be ≥ 0, got {self.monitor_size}"),
+            (self.l1_eps >= 0, f"l1 eps must be ≥ 0, got {self.l1_eps}"),
+            (0 < self.l1_share <= 1, f"l1 share must be in (0, 1], got {self.l1_share}"),
+            (self.l1_steps >= 1, f"l1 steps must be ≥ 1, got {self.l1_steps}"),
+            (
+                self.l1_step_size is None or self.l1_step_size > 0,
+                f"l1 step size must be > 0, got {self.l1_step_size}",
+            ),
+            (
+                0 < self.l1_sparsity < 100,
+                f"l1 sparsity must be in (0, 100), got {self.l1_sparsity}",
+            ),
         ]
         for ok, message in checks:
             if not ok:
@@ -64,5 +82,23 @@ class AdversarialConfig:
             return self.step_size * eps / self.eps
         return 1.25 * eps if self.method == "fgsm-rs" else 2.5 * eps / self.steps
 
+    def l1_step_at(self, eps1: float) -> float:
+        """L1 step length at L1 radius ``eps1``: the configured one scaled by ``eps1/ε₁``, else
+        ``2.5·eps1/l1_steps``."""
+        if self.l1_step_size is not None:
+            return self.l1_step_size * eps1 / self.l1_eps
+        return 2.5 * eps1 / self.l1_steps
+
+    def l1_rows(self, attacked: int) -> int:
+        """How many of ``attacked`` examples get the L1 attack: ``round(l1_share·attacked)``,
+        none without ``l1_eps``."""
+        return round(self.l1_share * attacked) if self.l1_eps > 0 else 0
+
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The settings; without L1 examples (``l1_eps`` 0) the L1 keys are left out, as in the
+        cards and checkpoints written before they existed."""
+        settings = asdict(self)
+        if self.l1_eps == 0:
+            for key in [key for key in settings if key.startswith("l1_")]:
+                del settings[key]
+        return settings

@@ -12,11 +12,8 @@ import pytest
 import torch
 
 from bayesgate.cli import main
-from bayesgate.models.data.mnist import load_mnist
-from bayesgate.models.mc.dropout import mc_sampling
 from bayesgate.models.mc.engine import mc_logits
 from bayesgate.models.mc.losses import bbalpha_softmax_loss
-from bayesgate.models.networks.registry import build_network, preset_architecture
 from bayesgate.models.training import checkpoint as ckpt
 from bayesgate.models.training.adversarial import (
     AdversarialBatch,
@@ -26,19 +23,12 @@ from bayesgate.models.training.adversarial import (
     ramped_eps,
 )
 from bayesgate.models.training.train import TrainConfig, train
-
-Data = tuple[torch.Tensor, torch.Tensor]
+from tests.models.adversarial_helpers import Data, energy, small_net, split_digits
 
 
 @pytest.fixture(scope="module")
 def data(mnist_root: Path) -> tuple[Data, Data]:
-    x, y = load_mnist("train", data_dir=mnist_root, limit=300)
-    return (x[:200], y[:200]), (x[200:], y[200:])
-
-
-def _net(preset: str = "mlp-2x32") -> torch.nn.Module:
-    torch.manual_seed(0)
-    return build_network(preset_architecture(preset))
+    return split_digits(mnist_root)
 
 
 @pytest.mark.parametrize("method", ["pgd", "fgsm-rs"])
@@ -48,7 +38,7 @@ def test_inner_attack_stays_in_the_ball_and_the_box(
 ) -> None:
     (x, y), _ = data
     x, y = x[:16], y[:16]
-    net = _net(preset).train()
+    net = small_net(preset).train()
     config = AdversarialConfig(method=method, eps=0.3, steps=5)
     adv, y_out = AdversarialBatch(config, steps_per_epoch=10)(net, x, y)
     assert torch.equal(y_out, y)
@@ -60,13 +50,13 @@ def test_inner_attack_stays_in_the_ball_and_the_box(
 
 def test_the_attack_raises_the_energy_it_ascends(data: tuple[Data, Data]) -> None:
     (x, y), _ = data
-    net = _net()
+    net = small_net()
     config = TrainConfig(epochs=5, k_train=3, batch_size=50, lr=5e-3)
     train(net, (x, y), None, config, progress=False)  # a model with a meaningful energy
-    assert _energy(net, x, y) < 1.5
+    assert energy(net, x, y) < 1.5
     net.train()
     adv = energy_attack(net, x, y, 0.2, 10, 0.05, k=1)
-    assert _energy(net, adv, y) > _energy(net, x, y) + 0.5
+    assert energy(net, adv, y) > energy(net, x, y) + 0.5
 
 
 def test_eps_ramps_linearly_per_minibatch() -> None:
@@ -76,7 +66,7 @@ def test_eps_ramps_linearly_per_minibatch() -> None:
     assert ramped_eps(0.3, 2, step=35, steps_per_epoch=10) == pytest.approx(0.3)
     assert ramped_eps(0.3, 0, step=1, steps_per_epoch=10) == 0.3
     transform = AdversarialBatch(AdversarialConfig(eps=0.3, eps_ramp_epochs=1), 4)
-    net = _net().train()
+    net = small_net().train()
     x = torch.full((3, 1, 28, 28), 0.5)
     for step in (1, 2):
         adv, _ = transform(net, x, torch.zeros(3, dtype=torch.int64))
@@ -88,31 +78,24 @@ def test_clean_mix_leaves_the_first_examples_clean(data: tuple[Data, Data]) -> N
     (x, y), _ = data
     x, y = x[:10], y[:10]
     config = AdversarialConfig(eps=0.2, steps=2, clean_mix=0.3)
-    adv, _ = AdversarialBatch(config, 1)(_net().train(), x, y)
+    adv, _ = AdversarialBatch(config, 1)(small_net().train(), x, y)
     assert torch.equal(adv[:3], x[:3])
     assert (adv[3:] - x[3:]).abs().flatten(1).amax(1).min() > 0
 
 
-def _energy(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
-    """BB-α energy (α = 0.5, K = 50) with masks from a fixed generator: comparable across calls."""
-    net.eval()
-    with torch.no_grad(), mc_sampling(torch.Generator().manual_seed(7)):
-        return float(bbalpha_softmax_loss(mc_logits(net, x, 50), y, 0.5))
-
-
-def test_a_step_on_the_adversarial_batch_lowers_its_energy(data: tuple[Data, Data]) -> None:
+def test_a_step_on_the_adversarial_batch_lowers_itsenergy(data: tuple[Data, Data]) -> None:
     (x, y), _ = data
     x, y = x[:64], y[:64]
-    net = _net().train()
+    net = small_net().train()
     adv, _ = AdversarialBatch(AdversarialConfig(eps=0.3, steps=5), 1)(net, x, y)
-    before = _energy(net, adv, y)
+    before = energy(net, adv, y)
     net.train()
     optimizer = torch.optim.SGD(net.parameters(), lr=0.05)
     loss = bbalpha_softmax_loss(mc_logits(net, adv, 10), y, 0.5)
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
-    assert _energy(net, adv, y) < before
+    assert energy(net, adv, y) < before
 
 
 def test_resumed_adversarial_run_equals_the_uninterrupted_one(
@@ -126,15 +109,15 @@ def test_resumed_adversarial_run_equals_the_uninterrupted_one(
     def config(epochs: int) -> TrainConfig:
         return TrainConfig(epochs=epochs, k_train=3, k_val=3, batch_size=64, seed=3)
 
-    reference = _net()
+    reference = small_net()
     train(reference, train_data, val_data, config(3), progress=False,
           batch_transform=AdversarialBatch(adv, steps_per_epoch))  # fmt: skip
 
     spec = ckpt.Checkpointing(tmp_path / "run", settings={"adversarial": adv.as_dict()})
-    first = _net()
+    first = small_net()
     train(first, train_data, val_data, config(2), progress=False, checkpointing=spec,
           batch_transform=AdversarialBatch(adv, steps_per_epoch))  # fmt: skip
-    resumed = _net()  # fresh weights: everything comes from the checkpoint
+    resumed = small_net()  # fresh weights: everything comes from the checkpoint
     spec.resume = True
     continued = AdversarialBatch(adv, steps_per_epoch, done=2 * steps_per_epoch)
     train(resumed, train_data, val_data, config(3), progress=False, checkpointing=spec,
@@ -147,7 +130,7 @@ def test_resumed_adversarial_run_equals_the_uninterrupted_one(
 
 def test_monitor_reports_clean_above_robust(data: tuple[Data, Data]) -> None:
     (x, y), (xv, yv) = data
-    net = _net()
+    net = small_net()
     config = TrainConfig(epochs=5, k_train=3, batch_size=50, lr=5e-3)
     train(net, (x, y), None, config, progress=False)
     row = monitor_accuracy(net, xv, yv, AdversarialConfig(eps=0.3), k=5)
