@@ -24,7 +24,7 @@ from typing import IO, Any
 
 from tqdm.auto import tqdm
 
-from bayesgate.errors import InvalidArgument, writable_dir, writable_file
+from bayesgate.errors import InvalidArgument, check_at_least, writable_dir, writable_file
 from bayesgate.models.device import add_threads_flag, set_threads
 from bayesgate.models.uci.config import UCIConfig, UCIConfigError
 from bayesgate.outputs import note_replacing, write_atomically, write_text_atomically
@@ -108,18 +108,21 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_uci(args: argparse.Namespace) -> int:
     config = _uci_config(args)  # its checks import no torch
+    check_at_least("--splits", args.splits)  # its upper bound is the dataset's split count
     if args.out is not None:  # before the work: not a failure after a split's training
         writable_dir(args.out, "--out")
     set_threads(args.threads)
-    from bayesgate.models.uci.data import load_uci  # torch: after the checks above
+    from bayesgate.models.uci.data import load_uci, resolve_name  # torch: after the checks above
     from bayesgate.models.uci.experiment import grid_edge_counts, run_split, summarise
 
+    out = args.out
+    if out is None:  # runs/uci/<the dataset's folder>: checked before the data is read, too
+        out = Path("runs") / "uci" / resolve_name(args.dataset, args.data_dir).name
+        writable_dir(out, "--out")
     ds = load_uci(args.dataset, args.data_dir)
     n = ds.n_splits if args.splits is None else args.splits
-    if not 1 <= n <= ds.n_splits:
+    if n > ds.n_splits:
         raise InvalidArgument(f"--splits must be in [1, {ds.n_splits}] for {ds.name}, got {n}")
-    out = args.out or Path("runs") / "uci" / ds.name
-    writable_dir(out, "--out")
     out.mkdir(parents=True, exist_ok=True)
     settings = config.resolved(ds)
     previous = _check_previous_run(out, ds.name, settings, resume=args.resume, force=args.force)
@@ -157,20 +160,24 @@ FLAGS = {"alphas": "--alpha"}
 """The flag of a :class:`UCIConfig` field, where it is not ``--`` + the field's name."""
 
 
+def _flag(field: str) -> str:
+    """The flag that sets :class:`UCIConfig` field ``field``."""
+    return FLAGS.get(field, "--" + field.replace("_", "-"))
+
+
 def _uci_config(args: argparse.Namespace) -> UCIConfig:
-    """The settings of ``args``; a value out of range is refused naming its flag."""
+    """The settings of ``args``; a value out of range, or a flag that cannot apply (a τ grid
+    with ``--learn-tau``; a learned τ's start or rate without it, set to other than its
+    default: :class:`UCIConfig`'s checks), is refused naming the flags."""
     try:
         return _config_of(args)
     except UCIConfigError as exc:
-        flag = FLAGS.get(exc.field, "--" + exc.field.replace("_", "-"))
-        raise InvalidArgument(f"{flag} {exc.detail}") from None
+        raise InvalidArgument(exc.naming(_flag)) from None
 
 
 def _config_of(args: argparse.Namespace) -> UCIConfig:
-    """The settings; a flag that cannot apply (a τ grid with ``--learn-tau``; a learned τ's
-    start or rate without it, set to other than its default) is refused rather than recorded
-    unused — after the values' own checks, so a bad value is named as such."""
-    config = UCIConfig(
+    """The settings (checked by :class:`UCIConfig`, naming its fields)."""
+    return UCIConfig(
         alphas=tuple(args.alpha),
         k_train=args.k_train,
         k_val=args.k_val,
@@ -188,17 +195,6 @@ def _config_of(args: argparse.Namespace) -> UCIConfig:
         tau_init=args.tau_init,
         tau_lr=args.tau_lr,
     )
-    if args.learn_tau and args.tau_values is not None:
-        shown = " ".join(f"{t:g}" for t in args.tau_values)
-        raise InvalidArgument(f"--tau-values does not apply with --learn-tau (got {shown})")
-    default = UCIConfig()
-    for flag, value, default_value in (
-        ("--tau-init", args.tau_init, default.tau_init),
-        ("--tau-lr", args.tau_lr, default.tau_lr),
-    ):
-        if not args.learn_tau and value != default_value:
-            raise InvalidArgument(f"{flag} applies with --learn-tau only (got {value:g})")
-    return config
 
 
 def _check_previous_run(

@@ -7,7 +7,8 @@ importing torch (~3 s); the experiment (:mod:`.experiment`, torch) imports them.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from bayesgate.errors import InvalidArgument
@@ -20,20 +21,28 @@ PAPER_ALPHAS = (0.0, 0.5, 1.0)
 
 
 class UCIConfigError(InvalidArgument):
-    """A :class:`UCIConfig` field out of range: the message names the field and its bad
-    values; ``field``, ``requirement`` and ``bad`` let a command name its flag instead."""
+    """A :class:`UCIConfig` field out of range, or set where another field leaves it unused
+    (``other``): the message names the field and its bad values; ``field``, ``requirement``,
+    ``bad`` and ``other`` let a command name its flags instead (:meth:`naming`)."""
 
-    def __init__(self, field: str, requirement: str, bad: list[Any]) -> None:
-        self.field, self.requirement, self.bad = field, requirement, bad
-        super().__init__(f"{field} {self.detail}")
+    def __init__(
+        self, field: str, requirement: str, bad: list[Any], *, other: str | None = None
+    ) -> None:
+        self.field, self.requirement, self.bad, self.other = field, requirement, bad, other
+        super().__init__(self.naming(str))
 
-    @property
-    def detail(self) -> str:
-        """The requirement and the bad values, e.g. ``must be ≥ 0, got -1``."""
+    def naming(self, name: Callable[[str], str]) -> str:
+        """The message with each field named by ``name`` (a command passes its flags'), e.g.
+        ``k_test must be ≥ 1, got 0``; a field ``other`` leaves unused:
+        ``tau_init applies with learn_tau only (got 2)``."""
+        requirement = self.requirement
+        if self.other is not None:
+            requirement = requirement.format(other=name(self.other))
         if not self.bad:
-            return self.requirement
+            return f"{name(self.field)} {requirement}"
         shown = ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in self.bad)
-        return f"{self.requirement}, got {shown}"
+        got = f" (got {shown})" if self.other is not None else f", got {shown}"
+        return f"{name(self.field)} {requirement}{got}"
 
 
 def _repeated(values: tuple[float, ...]) -> list[float]:
@@ -92,6 +101,20 @@ class UCIConfig:
         for name, requirement, bad in checks:
             if bad:
                 raise UCIConfigError(name, requirement, bad)
+        # a setting that cannot apply is refused rather than recorded unused (after the values'
+        # own checks, so a bad value is named as such); a field at its default is not "set"
+        if self.learn_tau and self.tau_values:
+            raise UCIConfigError(
+                "tau_values",
+                "does not apply with {other}",
+                list(self.tau_values),
+                other="learn_tau",
+            )
+        defaults = {f.name: f.default for f in fields(self)}
+        for name in ("tau_init", "tau_lr"):
+            value = getattr(self, name)
+            if not self.learn_tau and value != defaults[name]:
+                raise UCIConfigError(name, "applies with {other} only", [value], other="learn_tau")
 
     def resolved(self, ds: UCIDataset) -> dict[str, Any]:
         """The settings with the dataset's grid filled in (what a result file records)."""

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from bayesgate.cli import build_parser, main
+from bayesgate.errors import InvalidArgument
 from bayesgate.models.data.mnist import DataError
 from bayesgate.models.mc.losses import alpha_energy, bbalpha_gaussian_loss
 from bayesgate.models.uci import cli as uci_cli
@@ -580,6 +581,58 @@ def test_cli_refuses_tau_flags_that_do_not_apply(
     # their defaults stay accepted where they do not apply (what a recorded command names)
     argv = ["uci", "--dataset", "toy", "--tau-init", "1", "--tau-lr", "0.1"]
     assert uci_cli._uci_config(build_parser("uci").parse_args(argv)) == UCIConfig()
+
+
+@pytest.mark.parametrize(
+    ("settings", "line"),
+    [
+        (
+            {"learn_tau": True, "tau_values": (1.0, 2.5)},
+            "tau_values does not apply with learn_tau (got 1, 2.5)",
+        ),
+        ({"tau_init": 2.0}, "tau_init applies with learn_tau only (got 2)"),
+        ({"tau_lr": 0.5}, "tau_lr applies with learn_tau only (got 0.5)"),
+        ({"learn_tau": True, "tau_values": (-1.0,)}, "tau_values must be > 0, got -1"),
+        ({"tau_lr": -0.1}, "tau_lr must be > 0, got -0.1"),  # a bad value: named as such
+    ],
+)
+def test_config_refuses_tau_settings_that_do_not_apply(
+    settings: dict[str, object], line: str
+) -> None:
+    """UCIConfig itself (not only ``bayesgate uci``) refuses a τ grid with learn_tau and a
+    learned τ's start or rate without it, in one line, rather than dropping them."""
+    with pytest.raises(InvalidArgument) as info:
+        UCIConfig(**settings)  # type: ignore[arg-type]
+    assert str(info.value) == line
+    # a field at its default is not set; each applies where it does
+    assert UCIConfig(tau_init=1.0, tau_lr=0.1, tau_values=None) == UCIConfig()
+    assert UCIConfig(learn_tau=True, tau_values=None).learn_tau
+    assert UCIConfig(learn_tau=True, tau_init=2.0, tau_lr=0.5).tau_init == 2.0
+    assert UCIConfig(tau_values=(1.0, 2.5)).tau_values == (1.0, 2.5)
+
+
+def test_cli_checks_the_default_out_and_splits_before_reading_the_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The default --out (runs/uci/<the dataset's folder>, an alias resolved) and --splits below
+    1 are refused in one line before the data is read."""
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("load_uci called")
+
+    write_folder(tmp_path / "data", name="wine-quality-red")
+    monkeypatch.setenv("BAYESGATE_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setattr("bayesgate.models.uci.data.load_uci", never)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").write_text("not a folder")
+    assert main(["uci", "--dataset", "wine"]) == 2
+    assert capsys.readouterr().err == (
+        "bayesgate: error: --out runs/uci/wine-quality-red: runs is a file, not a folder\n"
+    )
+    out = tmp_path / "out"
+    assert main(["uci", "--dataset", "wine", "--splits", "0", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == "bayesgate: error: --splits must be ≥ 1, got 0\n"
+    assert not out.exists()
 
 
 def test_cli_progress_shows_the_split_s_grid_and_refit(
