@@ -129,7 +129,7 @@ def evaluate_detector(
     settings = settings or EvalSettings()
     settings.check()
     specs = settings.specs()
-    run = _EvalRun(loaded, detector, settings, torch.device(device), progress)
+    run = EvalRun(loaded, detector, settings, torch.device(device), progress)
     x, y = load_mnist("test", limit=settings.limit)
     started = time.perf_counter()
     clean_probs, clean = run.score(x, "clean test")
@@ -189,8 +189,11 @@ class DetectorRun:
             print(message, file=sys.stderr)
 
 
-class _EvalRun(DetectorRun):
-    """One ``detect-eval`` run."""
+class EvalRun(DetectorRun):
+    """One ``detect-eval`` run: the scores of a set (:meth:`score`), an attack's images and
+    verdicts (:meth:`adversarial`, cached) and its scored set (:meth:`attack_set`), an OOD set
+    (:meth:`ood_set`). ``bench/through_examples.py`` draws the digits of :meth:`adversarial`
+    that get through the flag, with exactly ``detect-eval``'s images and verdicts."""
 
     def score(self, x: torch.Tensor, desc: str) -> tuple[torch.Tensor, dict[str, np.ndarray]]:
         """``(probs N×K×C, every score)`` of ``x`` with the evaluation's K and seed."""
@@ -210,7 +213,7 @@ class _EvalRun(DetectorRun):
         self, spec: Attack, x: torch.Tensor, y: torch.Tensor, clean_pred: torch.Tensor
     ) -> ScoredSet:
         n = min(x.shape[0], self.settings.attack_limits.get(spec.name, x.shape[0]))
-        x_adv, success, summary = self._adversarial(spec, x[:n], y[:n], clean_pred[:n])
+        x_adv, success, summary = self.adversarial(spec, x[:n], y[:n], clean_pred[:n])
         self.log(
             f"{spec.label}: {summary['successful']}/{summary['eligible']} succeeded "
             f"({summary['images']} images)"
@@ -221,7 +224,7 @@ class _EvalRun(DetectorRun):
             scores = {name: np.zeros(0) for name in self.detector.score_names}
         return ScoredSet(spec.key, spec.label, "attack", scores, summary)
 
-    def _adversarial(
+    def adversarial(
         self, spec: Attack, x: torch.Tensor, y: torch.Tensor, clean_pred: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
         """Adversarial images, success mask and summary; the verdicts use this run's K."""

@@ -38,7 +38,7 @@ def through(
 
     clean_probs, _ = run.score(x, "clean test")
     clean_pred = predictive_mean(clean_probs).argmax(dim=1)
-    x_adv, success, summary = run._adversarial(spec, x, y, clean_pred)
+    x_adv, success, summary = run.adversarial(spec, x, y, clean_pred)
     # scored as detect-eval scores them: the successful images only, in one call (the MC masks
     # depend on an image's place in the batch, so this gives its scores exactly)
     probs, scores = run.score(x_adv[success], spec.label)
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--limit and --show must be ≥ 1")
     torch.set_num_threads(args.threads)
 
-    from bayesgate.attacks.detect_eval import _EvalRun
+    from bayesgate.attacks.detect_eval import EvalRun
     from bayesgate.attacks.detect_settings import EvalSettings
     from bayesgate.models.data.mnist import load_mnist
     from bayesgate.models.detection.store import load_detector
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     (spec,) = settings.specs()
     loaded = load_model(args.model)
     detector = load_detector(args.model, loaded.card.weights_sha256)
-    run = _EvalRun(loaded, detector, settings, torch.device("cpu"), progress=False)
+    run = EvalRun(loaded, detector, settings, torch.device("cpu"), progress=False)
     x, y = load_mnist("test", limit=args.limit)
     x_adv, counts, rows = through(run, spec, x, y)
     shown = rows[: args.show]

@@ -342,12 +342,12 @@ def test_a_larger_subset_continues_the_cached_prefix(detector_dir: Path, tmp_pat
     spec = parse_attacks(["targeted:steps=3,eta=0.05"])[0]
     x, y = load_mnist("test", limit=50)
     settings = detect_eval.EvalSettings(k_attack=5, cache_dir=tmp_path, batch_size=16)
-    run = detect_eval._EvalRun(loaded, det, settings, torch.device("cpu"), False)
+    run = detect_eval.EvalRun(loaded, det, settings, torch.device("cpu"), False)
     first, first_target, _ = run.adversarial_images(spec, x[:20], y[:20])
     both, target, _ = run.adversarial_images(spec, x, y)
     torch.testing.assert_close(both[:20], first, rtol=0, atol=0)
     torch.testing.assert_close(target[:20], first_target, rtol=0, atol=0)
-    fresh = detect_eval._EvalRun(
+    fresh = detect_eval.EvalRun(
         loaded,
         det,
         detect_eval.EvalSettings(k_attack=5, cache_dir=tmp_path / "other", batch_size=16),
