@@ -404,6 +404,43 @@ class SLIDEParameters(AttackParameters):
         return f"SLIDE L1 ε={self.eps:g}"
 
 
+@dataclasses.dataclass(frozen=True)
+class SparseRSParameters(AttackParameters):
+    """Of :class:`~bayesgate.attacks.methods.sparse_rs.SparseRS`, the black-box L0 Sparse-RS
+    attack (Croce et al. 2022) on at most ``pixels`` pixels.
+
+    No :attr:`linf_radius`: a perturbed pixel goes to 0 or 1, so the only L∞ bound is the box's.
+    """
+
+    name: ClassVar[str] = "sparse-rs"
+    slow: ClassVar[bool] = True
+
+    pixels: int = 10
+    """The paper's ``k``: pixels perturbed (the L0 budget), each set to 0 or 1, so
+    ``‖δ‖₁ ≤ pixels`` on grayscale images (10: SLIDE's ε₁). Not ``k``: ``bayesgate attack`` makes
+    a flag of every parameter, and its ``--k`` is the number of MC passes."""
+    queries: int = 1000
+    """Query budget per image (the initialisation included)."""
+    alpha_init: float = 0.3
+    """Initial fraction of the ``k`` pixels resampled per iteration (the authors' untargeted L0
+    value; no MNIST value was found)."""
+    confidence: float = 1.0
+    """Stop attacking an image once its best margin is below −confidence."""
+
+    def check(self) -> None:
+        check(self.pixels >= 1, f"sparse-rs pixels must be ≥ 1, got {self.pixels}")
+        check(self.queries >= 1, f"sparse-rs queries must be ≥ 1, got {self.queries}")
+        check(
+            0.0 < self.alpha_init <= 1.0,
+            f"sparse-rs alpha_init must be in (0, 1], got {self.alpha_init}",
+        )
+        check(self.confidence >= 0, f"sparse-rs confidence must be ≥ 0, got {self.confidence}")
+
+    @property
+    def label(self) -> str:
+        return f"Sparse-RS L0 k={self.pixels}, {self.queries} queries"
+
+
 ATTACK_PARAMETERS: dict[str, type[AttackParameters]] = registry(
     (
         FGSParameters,
@@ -414,6 +451,7 @@ ATTACK_PARAMETERS: dict[str, type[AttackParameters]] = registry(
         PGDRestartsParameters,
         SquareParameters,
         SLIDEParameters,
+        SparseRSParameters,
     ),
     AttackParameters,
 )

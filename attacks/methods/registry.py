@@ -19,6 +19,7 @@ from bayesgate.attacks.methods.parameters import (
 from bayesgate.attacks.methods.pgd import PGD
 from bayesgate.attacks.methods.pgd_restarts import PGDRestarts
 from bayesgate.attacks.methods.slide import SLIDE
+from bayesgate.attacks.methods.sparse_rs import SparseRS
 from bayesgate.attacks.methods.square import Square
 from bayesgate.attacks.methods.targeted import TargetedFGS
 
@@ -40,7 +41,7 @@ def check_implements(
 
 
 ATTACKS: dict[str, type[Attack]] = attack_registry(
-    FGS, TargetedFGS, PGD, CWL2, APGD, PGDRestarts, Square, SLIDE
+    FGS, TargetedFGS, PGD, CWL2, APGD, PGDRestarts, Square, SLIDE, SparseRS
 )
 """Spec name → attack class, in the order help texts list them."""
 check_implements(ATTACKS, ATTACK_PARAMETERS)

@@ -42,6 +42,7 @@ EXAMPLES = {
     "pgd-restarts": "pgd-restarts:eps=0.1,eps_iter=0.02,steps=4,restarts=2",
     "square": "square:eps=0.1,queries=5,p_init=0.1,confidence=0.5",
     "slide": "slide:eps=2,eps_iter=0.5,steps=3,sparsity=90",
+    "sparse-rs": "sparse-rs:pixels=3,queries=5,alpha_init=0.5,confidence=0.5",
 }
 
 
@@ -56,6 +57,7 @@ def test_every_registered_attack_has_an_example() -> None:
         "pgd-restarts",
         "square",
         "slide",
+        "sparse-rs",
     ]  # the order help texts list them
 
 
