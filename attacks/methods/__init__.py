@@ -19,6 +19,7 @@ parameters class and :class:`Attack`, in its own module here) and one entry in t
 | ``pgd-restarts`` | :class:`PGDRestarts` | L∞ PGD with random restarts, largest-loss iterate kept |
 | ``square`` | :class:`Square` | black-box L∞ Square Attack (queries only, no gradients) |
 | ``slide`` | :class:`SLIDE` | untargeted sparse L1 descent (Tramèr & Boneh 2019) |
+| ``sparse-rs`` | :class:`SparseRS` | black-box L0 random search (Croce et al. 2022) |
 
 cleverhans is imported when an attack runs, so parsing specs and building the CLI work without the
 ``[attacks]`` extra. The names below are imported on first use: importing :mod:`.parameters`
@@ -41,6 +42,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time, __getattr__ b
     from bayesgate.attacks.methods.pgd_restarts import PGDRestarts
     from bayesgate.attacks.methods.registry import ATTACKS
     from bayesgate.attacks.methods.slide import SLIDE
+    from bayesgate.attacks.methods.sparse_rs import SparseRS
     from bayesgate.attacks.methods.square import Square
     from bayesgate.attacks.methods.targeted import TargetedFGS
 
@@ -56,6 +58,7 @@ _SOURCES = {
     "PGD": "pgd",
     "PGDRestarts": "pgd_restarts",
     "SLIDE": "slide",
+    "SparseRS": "sparse_rs",
     "Square": "square",
     "StepCallback": "base",
     "TargetedFGS": "targeted",
@@ -73,6 +76,7 @@ __all__ = [  # the names of _SOURCES (a test checks that each resolves)
     "AttackInput",
     "AttackParameters",
     "PGDRestarts",
+    "SparseRS",
     "Square",
     "StepCallback",
     "TargetedFGS",
