@@ -54,7 +54,7 @@ import torch
 
 from bayesgate.attacks.methods.base import Attack, AttackInput
 from bayesgate.attacks.methods.parameters import SparseRSParameters
-from bayesgate.attacks.methods.square import _cpu_generator, margin, p_schedule
+from bayesgate.attacks.methods.square import cpu_generator, margin, p_schedule
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ class SparseRS(SparseRSParameters, Attack):
         n = batch.x.shape[2] * batch.x.shape[3]
         if self.pixels >= n:
             raise ValueError(f"sparse-rs pixels must be < the {n} of an image, got {self.pixels}")
-        rng = _cpu_generator(batch.generator)
+        rng = cpu_generator(batch.generator)
         with torch.no_grad():
             return self._run(batch, batch.x.detach().flatten(2), rng).view_as(batch.x)
 

@@ -67,7 +67,7 @@ class Square(SquareParameters, Attack):
     def perturb(self, batch: AttackInput) -> torch.Tensor:
         if batch.x.dim() != 4:
             raise ValueError("square attack needs B×C×H×W images")
-        rng = _cpu_generator(batch.generator)
+        rng = cpu_generator(batch.generator)
         with torch.no_grad():
             return self._run(batch.model_fn, batch.x.detach(), batch.y, rng)
 
@@ -135,7 +135,7 @@ def _random_signs(shape: tuple[int, ...], rng: torch.Generator) -> torch.Tensor:
     return torch.randint(0, 2, shape, generator=rng).float() * 2.0 - 1.0
 
 
-def _cpu_generator(generator: torch.Generator | None) -> torch.Generator:
+def cpu_generator(generator: torch.Generator | None) -> torch.Generator:
     """``generator`` itself when it lives on the CPU, else a CPU generator seeded from it."""
     if generator is not None and generator.device.type == "cpu":
         return generator
