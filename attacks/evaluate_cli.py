@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,11 @@ def _register_detect_eval(sub: argparse._SubParsersAction) -> None:
     _common(p)
     p.add_argument("--limit", type=int, default=d.limit, help="first N test images")
     p.add_argument(
-        "--attacks", nargs="*", default=list(d.attacks), metavar="SPEC", help="attack specs"
+        "--attacks",
+        nargs="*",
+        default=list(d.attacks),
+        metavar="SPEC",
+        help="attack specs (default: %(default)s; --attacks with no spec: none, OOD sets only)",
     )
     p.add_argument(
         "--attack-limit",
@@ -79,7 +84,8 @@ def _register_detect_eval(sub: argparse._SubParsersAction) -> None:
         nargs="*",
         default=list(d.ood),
         choices=OOD_NAMES,
-        help="OOD sets (default: %(default)s, the four of issue 15; the fresh ones are opt-in)",
+        help="OOD sets (default: %(default)s, the four of issue 15; the fresh ones are opt-in; "
+        "--ood with no name: none, attacks only)",
     )
     p.set_defaults(
         func=cmd_detect_eval,
@@ -193,6 +199,13 @@ def cmd_detect_eval(args: argparse.Namespace) -> int:
         cache_dir=args.cache_dir,
     )
     settings.check()  # the attacks and --attack-limit names, before the model is loaded
+    for flag, given, other in (
+        ("--ood", args.ood, args.attacks),
+        ("--attacks", args.attacks, args.ood),
+    ):
+        if given == [] and other:  # a bare flag means none, not the default sets: say so
+            print(f"note: {flag} given with no names: none are evaluated (leave {flag} out for "
+                  "the default ones)", file=sys.stderr)  # fmt: skip
     if not settings.attacks and not settings.ood:
         raise InvalidArgument("nothing to evaluate: give --attacks SPEC … or --ood SET …")
     from bayesgate.attacks.detect_eval import evaluate_detector  # torch: after the checks

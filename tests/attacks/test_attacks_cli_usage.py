@@ -252,3 +252,22 @@ def test_detect_eval_with_nothing_to_evaluate_is_refused(
     assert main(argv) == 2
     assert _error(capsys) == "nothing to evaluate: give --attacks SPEC … or --ood SET …"
     assert not (tmp_path / "de").exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "note"),
+    [(["--attacks", "fgs", "--ood"], "--ood given with no names"),
+     (["--attacks", "--ood", "uniform"], "--attacks given with no names")],
+)  # fmt: skip
+def test_detect_eval_says_a_bare_flag_means_none(
+    flags: list[str], note: str, tiny_model_dir: Path, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """``--ood`` with no names evaluates no OOD set (not the default four): a note says so,
+    before the model is loaded (the tiny model, without a detector, is refused after it)."""
+    argv = ["detect-eval", str(tiny_model_dir), "--out", str(tmp_path / "de"), *flags]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"note: {note}: none are evaluated" in err and "has no detector.json" in err
+    assert main(["detect-eval", str(tiny_model_dir), "--out", str(tmp_path / "de")]) == 2
+    assert "note:" not in capsys.readouterr().err  # nothing bare: no note
