@@ -8,23 +8,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from bayesgate.cli import main
 from bayesgate.models.store.own_files import MODEL_FILES, model_file_named, refuse_model_file
-
-
-def _never(*args: Any, **kwargs: Any) -> Any:
-    raise AssertionError("the work started before the output was checked")
-
-
-def _error(capsys: pytest.CaptureFixture[str]) -> str:
-    """The one line printed on stderr (and nothing else)."""
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("bayesgate: error: "), err
-    return err.strip().removeprefix("bayesgate: error: ")
+from tests.cli_checks import never as _never
+from tests.cli_checks import one_error_line as _error
 
 
 @pytest.fixture

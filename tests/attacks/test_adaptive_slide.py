@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 from attacks_testnets import LinearNet
-from test_attacks_cli_checks import _error, _never
 from test_attacks_detector_eval import _linear_score_fn
 
 from bayesgate.attacks import evaluate_cli
@@ -18,6 +17,8 @@ from bayesgate.attacks.adaptive_slide import AdaptiveSLIDE
 from bayesgate.attacks.methods.square import margin
 from bayesgate.cli import main
 from bayesgate.errors import InvalidArgument
+from tests.cli_checks import never as _never
+from tests.cli_checks import one_error_line as _error
 
 
 def test_one_step_by_hand() -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -22,17 +21,8 @@ from bayesgate.attacks.detector_fit import FitSettings
 from bayesgate.attacks.pipeline import detection_run
 from bayesgate.cli import main
 from bayesgate.errors import InvalidArgument
-
-
-def _never(*args: Any, **kwargs: Any) -> Any:
-    raise AssertionError("the work started before the arguments were checked")
-
-
-def _error(capsys: pytest.CaptureFixture[str]) -> str:
-    """The one line printed on stderr (and nothing else)."""
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("bayesgate: error: "), err
-    return err.strip().removeprefix("bayesgate: error: ")
+from tests.cli_checks import never as _never
+from tests.cli_checks import one_error_line as _error
 
 
 @pytest.fixture

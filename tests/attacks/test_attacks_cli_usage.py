@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_attacks_cli_checks import _error, _never
 
 from bayesgate.attacks import cli as attacks_cli
 from bayesgate.cli import build_parser, main, subcommand_parsers
+from tests.cli_checks import never as _never
+from tests.cli_checks import one_error_line as _error
 
 PARSERS = subcommand_parsers(build_parser())
 
