@@ -264,6 +264,7 @@ def _row(
         "mean_l2_evaded": _mean(l2[evaded]),
         "max_linf": float(linf.max()),
         "max_l1": float(delta.abs().sum(dim=1).max()),
+        "max_l0": int((delta != 0).sum(dim=1).max()),
         "mean_score_misclassified": _mean(verdict["score"][mis]),
         "seconds": round(seconds, 1),
     }
@@ -297,6 +298,12 @@ def write_adaptive(result: dict[str, Any], out: Path | str) -> dict[str, Path]:
 
 
 def _optimizer_text(result: dict[str, Any]) -> str:
+    if result.get("optimizer", "pgd") == "sparse-rs":
+        return (
+            f"Sparse-RS (random search over pixels set to 0 or 1, Croce et al. 2022), "
+            f"{result['steps']} queries per image, no gradients; **ε is the number of pixels "
+            "k** (L0) here"
+        )
     if result.get("optimizer", "pgd") == "slide":
         return (
             f"SLIDE (sparse L1 descent, Tramèr & Boneh 2019), {result['steps']} steps from the "

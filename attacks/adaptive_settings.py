@@ -29,9 +29,17 @@ if TYPE_CHECKING:
 
 SCHEDULES = ("misclassify-first", "joint")
 """When the detector term of the loss counts (:mod:`bayesgate.attacks.adaptive`)."""
-OPTIMIZERS = ("pgd", "apgd", "slide")
-"""What minimises the adaptive attack's loss: fixed ε/25 L∞ steps, Auto-PGD's schedule, or
-sparse L1 steps (SLIDE; ε is then an L1 radius)."""
+OPTIMIZERS = ("pgd", "apgd", "slide", "sparse-rs")
+"""What minimises the adaptive attack's loss: fixed ε/25 L∞ steps, Auto-PGD's schedule, sparse
+L1 steps (SLIDE; ε is then an L1 radius), or Sparse-RS's random search over which pixels to set
+to 0 or 1 (no gradient; ε is then the number of pixels, an L0 budget)."""
+
+
+def default_steps(optimizer: str) -> int:
+    """Steps per attack when none are given: 100 gradient steps, or 1000 queries per image for
+    ``sparse-rs`` (the detector-blind ``sparse-rs`` attack's default budget: a random search
+    needs many more queries than a gradient method needs steps)."""
+    return 1000 if optimizer == "sparse-rs" else 100
 
 
 def check_radius(name: str, value: float) -> None:
@@ -165,9 +173,58 @@ class AdaptiveSLIDEParameters(AdaptivePGDParameters):
         return f"-slide-q{self.sparsity:g}"
 
 
+def check_pixel_count(name: str, value: float) -> None:
+    """:class:`InvalidArgument` naming ``name`` unless ``value`` is a whole number of pixels ≥ 1
+    (an L0 budget; whether it is below the image's pixel count is checked on the images)."""
+    if not (math.isfinite(value) and value >= 1.0 and value == int(value)):
+        raise InvalidArgument(f"{name} must be a whole number of pixels ≥ 1, got {value:g}")
+
+
+@dataclass(frozen=True)
+class AdaptiveSparseRSParameters(AdaptivePGDParameters):
+    """Of :class:`~bayesgate.attacks.adaptive_sparse_rs.AdaptiveSparseRS`:
+    :class:`AdaptivePGDParameters` with ``eps`` the number of pixels ``k`` (the L0 budget; each
+    changed pixel goes to 0 or 1), ``steps`` the queries per image (the start included, as
+    Sparse-RS's ``queries``), searched by Sparse-RS's random moves (Croce et al. 2022) that
+    resample ``max(1, round(α_i·k))`` pixels, ``α_i`` from ``alpha_init`` by Square's halving
+    schedule. No step size: the moves have none."""
+
+    eps: float = 10.0
+    steps: int = 1000
+    alpha_init: float = 0.3
+
+    optimizer: ClassVar[str] = "sparse-rs"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.step_size is not None:
+            raise InvalidArgument("Sparse-RS has no step size (it moves whole pixels)")
+        if not (math.isfinite(self.alpha_init) and 0.0 < self.alpha_init <= 1.0):
+            raise InvalidArgument(f"adaptive alpha_init must be in (0, 1], got {self.alpha_init}")
+
+    @staticmethod
+    def check_eps(name: str, value: float) -> None:
+        check_pixel_count(name, value)
+
+    @property
+    def pixels(self) -> int:
+        """``k``: ``eps`` as the whole number of pixels it is."""
+        return int(self.eps)
+
+    @property
+    def alpha(self) -> float:
+        """The initial resampled fraction (there is no step): ``alpha_init``."""
+        return self.alpha_init
+
+    @property
+    def cache_tag(self) -> str:
+        return "-sparse-rs"
+
+
 def radius_check(optimizer: str) -> Callable[[str, float], None]:
-    """The range check of ``--eps`` for ``optimizer``: L1 radii for ``slide``, L∞ otherwise."""
-    return check_l1_radius if optimizer == "slide" else check_radius
+    """The range check of ``--eps`` for ``optimizer``: L1 radii for ``slide``, pixel counts for
+    ``sparse-rs``, L∞ radii otherwise."""
+    return {"slide": check_l1_radius, "sparse-rs": check_pixel_count}.get(optimizer, check_radius)
 
 
 @dataclass(frozen=True)
@@ -178,7 +235,7 @@ class AdaptiveSettings:
     eps: tuple[float, ...] = (0.1, 0.2, 0.3)
     weights: tuple[float, ...] = (0.1, 1.0, 10.0)
     joint_weights: tuple[float, ...] = ()
-    steps: int = 100
+    steps: int | None = None  # None: 100 steps, or 1000 queries with sparse-rs (default_steps)
     kappa: float = 1.0
     delta: float = 0.5
     limit: int = 500
@@ -187,12 +244,14 @@ class AdaptiveSettings:
     seed: int = 0
     batch_size: int = 100
     cache_dir: Path | None = None
-    optimizer: str = "pgd"  # "pgd" (fixed ε/25 steps) or "apgd" (Auto-PGD's schedule, restarts)
+    optimizer: str = "pgd"  # one of OPTIMIZERS
     restarts: int = 1  # APGD only: runs from new random starts on the examples not yet found
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
             raise InvalidArgument(f"optimizer must be one of {', '.join(OPTIMIZERS)}")
+        if self.steps is None:
+            object.__setattr__(self, "steps", default_steps(self.optimizer))
         if self.restarts < 1 or (self.restarts > 1 and self.optimizer != "apgd"):
             raise InvalidArgument(
                 f"restarts {self.restarts}: must be ≥ 1, and more than 1 needs the apgd optimizer"
@@ -215,6 +274,8 @@ class AdaptiveSettings:
             kind, prefix, common["restarts"] = AdaptiveAPGDParameters, "APGD ", self.restarts
         elif self.optimizer == "slide":
             kind, prefix = AdaptiveSLIDEParameters, "SLIDE "
+        elif self.optimizer == "sparse-rs":
+            kind, prefix = AdaptiveSparseRSParameters, "Sparse-RS "
         out = [(f"plain {prefix or 'PGD'}".rstrip(), kind(weight=0.0, **common))]
         out += [(f"adaptive {prefix}λ={w:g}", kind(weight=w, **common)) for w in self.weights]
         out += [
@@ -228,6 +289,10 @@ class AdaptiveSettings:
         from bayesgate.attacks.adaptive import AdaptivePGD
         from bayesgate.attacks.adaptive_apgd import AdaptiveAPGD
         from bayesgate.attacks.adaptive_slide import AdaptiveSLIDE
+        from bayesgate.attacks.adaptive_sparse_rs import AdaptiveSparseRS
 
-        kinds = {"pgd": AdaptivePGD, "apgd": AdaptiveAPGD, "slide": AdaptiveSLIDE}
+        kinds = {
+            "pgd": AdaptivePGD, "apgd": AdaptiveAPGD, "slide": AdaptiveSLIDE,
+            "sparse-rs": AdaptiveSparseRS,
+        }  # fmt: skip
         return [(name, kinds[self.optimizer](**asdict(p))) for name, p in self.parameters(eps)]

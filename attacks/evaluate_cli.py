@@ -20,6 +20,7 @@ from bayesgate.attacks.adaptive_settings import (
     OPTIMIZERS,
     AdaptiveSettings,
     check_non_negative,
+    default_steps,
     radius_check,
 )
 from bayesgate.attacks.detect_settings import EvalSettings
@@ -112,7 +113,8 @@ def _register_adaptive_eval(sub: argparse._SubParsersAction) -> None:
         item=float,
         default=list(d.eps),
         metavar="EPS",
-        help="L∞ radii (L1 radii with --optimizer slide, e.g. 10)",
+        help="L∞ radii (L1 radii with --optimizer slide, e.g. 10; pixel counts with "
+        "--optimizer sparse-rs, e.g. 10)",
     )
     list_flag(
         p, "--weights", item=float, default=list(d.weights), metavar="WEIGHT", help="λ values"
@@ -126,7 +128,13 @@ def _register_adaptive_eval(sub: argparse._SubParsersAction) -> None:
         metavar="WEIGHT",
         help="also run the detector term from step 0 at these λ (shows the pinning failure)",
     )
-    p.add_argument("--steps", type=int, default=d.steps, help="PGD steps")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help=f"steps of the attack (default {default_steps('pgd')}; with --optimizer sparse-rs: "
+        f"queries per image, default {default_steps('sparse-rs')})",
+    )
     p.add_argument("--kappa", type=float, default=d.kappa, help="margin κ (nats)")
     p.add_argument("--delta", type=float, default=d.delta, help="detector margin δ")
     p.add_argument(
@@ -135,7 +143,8 @@ def _register_adaptive_eval(sub: argparse._SubParsersAction) -> None:
         default=d.optimizer,
         help="pgd: fixed steps of ε/25; apgd: Auto-PGD's step schedule and momentum "
         "(Croce & Hein 2020), the stronger optimiser; slide: sparse L1 steps of ε/10 (Tramèr & "
-        "Boneh 2019), --eps then L1 radii",
+        "Boneh 2019), --eps then L1 radii; sparse-rs: Sparse-RS's random search over which "
+        "pixels to set to 0 or 1 (Croce et al. 2022; no gradients), --eps then pixel counts",
     )
     p.add_argument(
         "--restarts",
@@ -278,6 +287,11 @@ def cmd_adaptive_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+MNIST_PIXELS = 28 * 28
+"""Pixels of the test digits ``adaptive-eval`` attacks (``models.data.mnist.IMAGE_SIZE``², not
+imported: that module imports torch, and these checks run before it is loaded)."""
+
+
 def _check_adaptive_flags(args: argparse.Namespace) -> None:
     """``adaptive-eval``'s numbers, each error naming its flag (NaN and ∞ refused: they would
     also be written as invalid JSON)."""
@@ -285,8 +299,13 @@ def _check_adaptive_flags(args: argparse.Namespace) -> None:
     check_at_least("--restarts", args.restarts)
     if not args.eps:  # `--eps ,`
         raise InvalidArgument("--eps: give at least one radius")
-    for eps in args.eps:  # L1 radii for the slide optimizer, L∞ for the others
+    for eps in args.eps:  # L1 radii for slide, pixel counts for sparse-rs, L∞ for the others
         radius_check(args.optimizer)("--eps", eps)
+        if args.optimizer == "sparse-rs" and eps >= MNIST_PIXELS:
+            raise InvalidArgument(
+                f"--eps {eps:g}: Sparse-RS changes fewer pixels than the {MNIST_PIXELS} of an "
+                "MNIST digit"
+            )
     for flag in ("weights", "joint_weights"):
         for weight in getattr(args, flag):
             check_non_negative("--" + flag.replace("_", "-"), weight)

@@ -261,6 +261,21 @@ def test_evaluate_adaptive_with_slide(detector_dir: Path, tmp_path: Path) -> Non
     assert "ε is an L1 radius" in adaptive_table(result)
 
 
+def test_evaluate_adaptive_with_sparse_rs(detector_dir: Path, tmp_path: Path) -> None:
+    settings = AdaptiveSettings(
+        eps=(12.0,), weights=(1.0,), steps=30, limit=40, k_attack=5, k=20, cache_dir=tmp_path,
+        optimizer="sparse-rs",
+    )  # fmt: skip
+    result = evaluate_adaptive(load_model(detector_dir), load_detector(detector_dir), settings)
+    assert [r["attack"] for r in result["rows"]] == ["plain Sparse-RS", "adaptive Sparse-RS λ=1"]
+    assert {(r["optimizer"], r["steps"]) for r in result["rows"]} == {("sparse-rs", 30)}
+    assert all(1 <= r["max_l0"] <= 12 and r["misclassified"] > 0 for r in result["rows"])
+    assert sorted("-sparse-rs" in p.name for p in tmp_path.rglob("*.npz")) == [True] * 2
+    assert "30 queries per image, no gradients; **ε is the number of pixels k**" in adaptive_table(
+        result
+    )
+
+
 # --- detect-eval ---------------------------------------------------------------------------------
 
 
