@@ -128,6 +128,41 @@ def test_finds_the_unwatched_pixels_the_blind_search_walks_into(schedule: str) -
     assert bool((adaptive.first_step > 0).all())
 
 
+def test_the_gate_is_read_at_the_current_point_so_it_flips_then_evades() -> None:
+    """Any two hot pixels flip the toy (margin 1.5 − 2 = −0.5) and are flagged (two hot pixels
+    score 2 > 1.5) unless pixel 0 — the camouflage — is set too (score 0), which costs margin
+    (+0.3: −0.2, still wrong). Reaching flipped-and-camouflaged from an unflipped point takes two
+    pixels at once. With λ = 2 a flipped but flagged candidate scores ``L = 2·(2 − 1.5 + δ) = 1.5``
+    — higher than the unflipped point's ``relu(0.5 + κ) = 0.75`` if the gate were read at the
+    candidate; read at the (unflipped) current point, the flip is a step down (``L = 0``), after
+    which the gate is on and the camouflage lowers ``L`` again. (Once on, the gate lets the
+    search step back to unflipped points too, so it cycles; each time it is flipped it may find
+    the camouflage.)"""
+    net, x = _toy(bias=1.5), torch.zeros(16, 1, 4, 4)
+    y = torch.zeros(16, dtype=torch.int64)
+    with torch.no_grad():
+        net.head.weight[1, 0] = -0.3
+        net.head.weight[1] += 0.01 * torch.rand(16, generator=torch.Generator().manual_seed(5))
+
+    def detector(z: torch.Tensor) -> torch.Tensor:
+        flat = z.flatten(1)
+        return flat[:, list(HOT)].sum(dim=1) - 2.0 * flat[:, 0] + 0.01 * flat.sum(dim=1)
+
+    def run(schedule: str):
+        attack = AdaptiveSparseRS(
+            eps=4, steps=1000, weight=2.0, kappa=0.1, delta=0.25, schedule=schedule
+        )
+        return attack(Queries(net, detector), x, y, 1.5, generator=torch.Generator().manual_seed(0))
+
+    # the joint loss has a local minimum at the unflipped point (one hot pixel: L = 0.6 + 0)
+    assert int(run("joint").found.sum()) <= 4
+    result = run("misclassify-first")
+    assert bool(result.found.all())
+    assert bool((margin(torch.log_softmax(net(result.x_adv), dim=1), y) < 0).all())
+    assert bool((detector(result.x_adv) <= 1.5).all())
+    assert torch.equal(result.x_adv.flatten(1)[:, 0], torch.ones(16))
+
+
 def test_the_query_budget_and_the_stop_once_both_margins_are_met() -> None:
     net, y = _toy(bias=0.5), torch.zeros(2, dtype=torch.int64)
     x = torch.zeros(2, 1, 4, 4)
