@@ -33,11 +33,12 @@ from bayesgate.attacks.specs import (
     spec_help,
     spec_needs,
 )
+from bayesgate.attacks.sweep_append import fit_to_earlier, print_notes
 from bayesgate.errors import InvalidArgument, check_at_least, writable_dir, writable_file
 from bayesgate.extras import Need
 from bayesgate.models.device import DEVICE_CHOICES, add_threads_flag, pick_device, set_threads
 from bayesgate.models.mc.options import SCORE_NAMES
-from bayesgate.models.store.bundled import READ_MODEL_HELP, model_to_read
+from bayesgate.models.store.bundled import READ_MODEL_HELP, ModelsToRead, model_to_read
 from bayesgate.models.store.own_files import (
     check_distinct_models,
     check_split,
@@ -148,8 +149,8 @@ def _register_sweep(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sweep", help="reproduce the paper's Figures 6-7 and the detection table")
     p.add_argument(
         "models",
-        type=model_to_read,
         nargs="+",
+        action=ModelsToRead,  # resolved; args.models_given: as typed, for the errors
         help="model directories, or bundled models' names (bayesgate-robust, bayesgate-cnn)",
     )
     p.add_argument(
@@ -186,7 +187,8 @@ def _register_sweep(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--append",
         action="store_true",
-        help="merge with the results already in --out (same settings; re-run models replaced)",
+        help="merge with the results already in --out (same settings; a model run again, by "
+        "directory or weights, replaced; another with an earlier model's label told apart)",
     )
     _common(p)
     p.set_defaults(func=cmd_sweep, needs=_sweep_needs)
@@ -360,7 +362,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     check_at_least("--slow-limit", args.cw_limit)  # 0 read as no limit, −1 as all but one
     if args.figure == "detection":  # figures 6 and 7 take no --attacks
         parse_parameter_list(args.attacks or DETECTION_ATTACKS)
-    check_distinct_models(args.models)  # one row, line and file each: not one model twice
+    # one row, line and file each: not one model twice (named as given)
+    check_distinct_models(args.models, getattr(args, "models_given", None))
     args.out = sweep_out(args)
     writable_dir(args.out, "--out")
     set_threads(args.threads)  # recorded as torch_threads; imports torch, after the checks
@@ -372,8 +375,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     device = pick_device(args.device)
     models = [load_model(d, device) for d in args.models]
     infos = sweep.describe_models(models)  # labels and names told apart where they clash
-    if not args.append:  # --append merges into them: replacing is what was asked for
+    stem = sweep_stem(args.figure)
+    path = args.out / f"{stem}.json"
+    earlier = json.loads(path.read_text()) if args.append and path.is_file() else None
+    if earlier is None:  # --append merges into them: replacing is what was asked for
         note_replacing("sweep", _sweep_files(args.out, args.figure, infos))
+    else:  # the earlier run's models keep their labels; a model that is one of them replaces it
+        infos, notes = fit_to_earlier(infos, earlier.get("models", []))
+        print_notes(notes)
     x, y = _sweep_images(args.figure, args.limit)
     config: dict[str, Any] = {}
     rows: list[dict[str, Any]] = []
@@ -389,10 +398,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         "seconds": seconds,
         "torch_threads": torch.get_num_threads(),
     }
-    stem = sweep_stem(args.figure)
-    path = args.out / f"{stem}.json"
-    if args.append and path.is_file():
-        meta, rows = _merge_sweep(json.loads(path.read_text()), meta, rows, config, path)
+    if earlier is not None:
+        meta, rows = _merge_sweep(earlier, meta, rows, config, path)
     _write_sweep(args.out, stem, args.figure, meta, rows)
     summary = {k: v for k, v in meta.items() if k != "models"}
     print(json.dumps(summary, indent=2, ensure_ascii=False))
@@ -471,7 +478,8 @@ def _merge_sweep(
     path: Path,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Add this run's models to an earlier run's results (same configuration required);
-    rows of a model that is run again are replaced."""
+    rows of a model that is run again are replaced (``meta``'s models: fitted to the earlier
+    ones by :func:`~bayesgate.attacks.sweep_append.fit_to_earlier`, a name each)."""
     differ = [k for k, v in config.items() if old.get(k) != v]
     if differ:
         raise InvalidArgument(

@@ -23,7 +23,7 @@ from bayesgate.errors import InvalidArgument, check_at_least, writable_dir
 from bayesgate.extras import Need
 from bayesgate.listflags import list_flag
 from bayesgate.models.device import add_threads_flag, pick_device, set_threads
-from bayesgate.models.store.bundled import model_to_read
+from bayesgate.models.store.bundled import ModelsToRead
 from bayesgate.models.store.files import CARD_FILE
 from bayesgate.models.store.own_files import check_distinct_models
 from bayesgate.outputs import note_replacing
@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "models",
         nargs="+",
-        type=model_to_read,
+        action=ModelsToRead,  # resolved; args.models_given: as typed, for the errors
         help="model or training checkpoint directories, or bundled models' names "
         "(bayesgate-robust, bayesgate-cnn)",
     )
@@ -86,7 +86,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_evaluate_robust(args: argparse.Namespace) -> int:
     # every check of the flags, the output folder and the models before the first attack
-    check_distinct_models(args.models)
+    check_distinct_models(args.models, getattr(args, "models_given", None))
     settings = _settings(args)
     weights = _adaptive_weights(args.adaptive_weights)
     check_at_least("--adaptive-steps", args.adaptive_steps)

@@ -64,6 +64,7 @@ def describe(loaded: LoadedModel) -> dict[str, Any]:
         "alpha": alpha if card.stochastic else None,
         "stochastic": card.stochastic,
         "sha256": card.weights_sha256,
+        "directory": str(loaded.directory.resolve()),  # which model it is, for sweep --append
     }
 
 

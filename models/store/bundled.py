@@ -10,7 +10,10 @@ Commands that write into the model directory (``calibrate``, ``fit-detector``,
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from bayesgate import models
 from bayesgate.models.store.files import CARD_FILE
@@ -42,6 +45,24 @@ def resolve_model_dir(path: Path) -> Path:
 def model_to_read(text: str) -> Path:
     """``argparse`` type of a model a command only reads: a directory or a bundled name."""
     return resolve_model_dir(Path(text))
+
+
+class ModelsToRead(argparse.Action):
+    """``argparse`` action of the models a command that takes several only reads: each resolved
+    by :func:`model_to_read` (``dest``), and what the user typed kept beside them
+    (``<dest>_given``), so that an error names a bundled model as given, not by the package's
+    directory it stands for."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        given = [values] if isinstance(values, str) else [str(v) for v in values or []]
+        setattr(namespace, self.dest, [model_to_read(text) for text in given])
+        setattr(namespace, f"{self.dest}_given", given)
 
 
 READ_MODEL_HELP = "model directory, or a bundled model's name (bayesgate-robust, bayesgate-cnn)"

@@ -8,8 +8,9 @@
 - :func:`no_validation_split`, :func:`check_split`: the one line for a model trained with
   ``--val-size 0`` asked for its validation split (``calibrate``, ``evaluate`` and
   ``attack --split val``);
-- :func:`check_distinct_models`: the commands that take several models (``evaluate-robust``,
-  ``sweep``) refuse one given twice.
+- :func:`check_distinct_models`: the commands that take several
+  models (``evaluate-robust``, ``sweep``) refuse one given twice, named as the user gave it (a
+  bundled model's name, not the package's directory it stands for).
 """
 
 from __future__ import annotations
@@ -77,15 +78,25 @@ def check_split(split: str, name: str, val_size: int, purpose: str) -> None:
         )
 
 
-def check_distinct_models(paths: Sequence[Path]) -> None:
+def check_distinct_models(paths: Sequence[Path], given: Sequence[str] | None = None) -> None:
     """:class:`InvalidArgument` naming the first model directory given twice (also as another
     spelling of the same folder: ``m``, ``./m``, an absolute path, a symbolic link): the commands
     that take several models (``evaluate-robust``, ``sweep``) would evaluate it twice, and write
-    two identical rows. Torch-free, so it answers before torch's import."""
-    seen: dict[Path, Path] = {}
-    for path in paths:
+    two identical rows. ``given``: what the user typed for each path, where that is not the path
+    itself (a bundled model's name: the line names it, its directory in parentheses). Torch-free,
+    so it answers before torch's import."""
+    typed = [str(Path(p)) for p in paths] if given is None else [str(Path(t)) for t in given]
+    seen: dict[Path, str] = {}
+    for path, text in zip(paths, typed, strict=True):
         key = Path(path).resolve()
         if key in seen:
-            same = "" if str(seen[key]) == str(path) else f" (as {seen[key]} and {path})"
-            raise InvalidArgument(f"model directory {path} given twice{same}: give each model once")
-        seen[key] = Path(path)
+            raise InvalidArgument(_given_twice(Path(path), text, seen[key]))
+        seen[key] = text
+
+
+def _given_twice(path: Path, text: str, first: str) -> str:
+    """The line of :func:`check_distinct_models`: the model as typed (``text``; ``first``: its
+    earlier spelling), and the directory ``path`` it stands for when that is not what was typed."""
+    what = f"directory {text}" if text == str(path) else f"{text} ({path})"
+    same = "" if first == text else f" (as {first} and {text})"
+    return f"model {what} given twice{same}: give each model once"
