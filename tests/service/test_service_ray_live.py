@@ -31,6 +31,21 @@ from bayesgate.service.ray_app import REPLICA_HEADER
 
 READY_TIMEOUT_S = 240.0
 SETTINGS = {"max_batch_size": 8, "max_queue_delay_ms": 20.0, "device": "cpu"}
+# Ray Serve's controller kills its HTTP proxy after 3 missed checks in a row
+# (PROXY_HEALTH_CHECK_UNHEALTHY_THRESHOLD), each check timing out after
+# RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S (5 s) while the proxy starts, then
+# RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S (10 s) — ray/serve/_private/constants.py, used in
+# ray/serve/_private/proxy_state.py. On a CPU-starved host the proxy's worker process is still
+# importing Ray after 3 × 5 s: it is killed before it ever ran, and `serve.start` in the deploying
+# command fails with ActorDiedError (seen with three busy loops on two cores). The controller reads
+# these when it imports Serve, from the environment its raylet was started with (`ray start`'s, or
+# a local `bayesgate serve --ray`'s); the deploying command's runtime_env carries only BAYESGATE_*.
+# Startup stays bounded: `serve.start` itself waits at most 60 s for the proxy
+# (HTTP_PROXY_TIMEOUT, same file) and READY_TIMEOUT_S bounds the rest.
+PATIENT_PROXY_CHECKS = {
+    "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
+    "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "60",
+}
 
 
 def wait_for_log(server: Server, text: str, timeout_s: float) -> None:
@@ -48,6 +63,7 @@ def ray_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
         tmp_path_factory.mktemp("ray-logs"),
         ready_timeout=READY_TIMEOUT_S,
         args=("--ray",),
+        extra_env=PATIENT_PROXY_CHECKS,  # this process starts the local Ray instance
         ray_num_replicas=2,
         **SETTINGS,
     )
@@ -165,7 +181,7 @@ def test_detached_deploy_onto_a_running_cluster(tiny_model_dir: Path) -> None:
     head = [ray, "start", "--head", f"--port={gcs_port}", "--num-cpus=1"]
     started = subprocess.run(
         [*head, "--include-dashboard=false", "--disable-usage-stats"],
-        env=clean,
+        env={**clean, **PATIENT_PROXY_CHECKS},  # the cluster's Serve controller inherits these
         capture_output=True,
         text=True,
         timeout=180,
