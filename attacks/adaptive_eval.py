@@ -40,6 +40,9 @@ from bayesgate.models.mc.uncertainty import predictive_mean
 from bayesgate.models.store.directory import LoadedModel
 from bayesgate.outputs import write_atomically, write_text_atomically
 
+EVAL_SEED_OFFSET = 1_000_003
+"""The verdict's MC masks are seeded ``seed + EVAL_SEED_OFFSET``, apart from the attack's."""
+
 
 def detector_score_fn(
     model: nn.Module,
@@ -163,7 +166,7 @@ class _AdaptiveRun(DetectorRun):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.score, self.threshold = self.detector.score, float(self.detector.threshold)
-        self.eval_seed = self.settings.seed + 1_000_003
+        self.eval_seed = self.settings.seed + EVAL_SEED_OFFSET
 
     def judge(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, np.ndarray]:
         """Fresh MC verdicts (:func:`judge`) with masks seeded apart from the attack's."""

@@ -4,6 +4,8 @@ flagged, with ``detect-eval``'s own images and verdicts (its cache, K, seed and 
     python bench/through_examples.py MODEL_DIR --attack SPEC [--limit 1000] [--show 8] \
         [--out docs/robustness/slide/through.png] [--json …]
 
+    python bench/through_examples.py MODEL_DIR --adaptive-images CACHE.npz [--limit N] …
+
 For the first ``--limit`` test digits and the attack ``SPEC`` (e.g. ``slide``), the images come
 from ``detect-eval``'s cache when it has them (else the attack runs and is cached, as
 ``detect-eval`` would); a digit is *through* when its clean prediction is right, the attacked
@@ -12,6 +14,12 @@ score is at most its threshold. The figure shows the first ``--show`` of them, t
 column: the clean digit, the attacked digit (titled with the two predictions and the score) and
 the perturbation ``δ = x' − x`` (red up, blue down). The JSON has the counts and, per shown digit,
 its index, labels, score and ``‖δ‖₁``, ``‖δ‖₂``, ``‖δ‖∞`` and the number of pixels changed.
+
+With ``--adaptive-images`` the images are one attack's of ``bayesgate adaptive-eval`` (its cache
+file, ``x_adv`` of the first ``--limit`` digits — the run's ``--limit``) and the verdicts are
+``adaptive-eval``'s: clean and attacked digits each judged in one K-pass draw with masks seeded
+``--seed + 1_000_003``, a digit through when right clean, wrong attacked and not flagged — the
+``evaded`` count of its row.
 """
 
 from __future__ import annotations
@@ -48,19 +56,7 @@ def through(
     score[success] = torch.from_numpy(np.asarray(scores[run.detector.score], dtype=np.float64))
     passed = success & (score <= run.detector.threshold)
     delta = (x_adv - x).flatten(1)
-    rows = [
-        {
-            "index": int(i),
-            "label": int(y[i]),
-            "predicted": int(adv_pred[i]),
-            "score": round(float(score[i]), 4),
-            "l1": round(float(delta[i].abs().sum()), 3),
-            "l2": round(float(delta[i].norm()), 3),
-            "linf": round(float(delta[i].abs().max()), 3),
-            "pixels_changed": int((delta[i].abs() > CHANGED).sum()),
-        }
-        for i in torch.nonzero(passed).flatten().tolist()
-    ]
+    rows = [_row(i, y, adv_pred, score, delta) for i in torch.nonzero(passed).flatten().tolist()]
     counts = {
         "images": summary["images"],
         "eligible": summary["eligible"],
@@ -70,6 +66,52 @@ def through(
         "threshold": run.detector.threshold,
     }
     return x_adv, counts, rows
+
+
+def through_adaptive(
+    network: Any, detector: Any, images: Path, x: torch.Tensor, y: torch.Tensor, k: int, seed: int
+) -> tuple[torch.Tensor, dict[str, Any], list[dict[str, Any]]]:
+    """``(x_adv, counts, rows)`` of one ``adaptive-eval`` attack's cached ``images`` on ``x``,
+    judged as ``adaptive-eval`` judges (:func:`bayesgate.attacks.adaptive_eval.served_draw`)."""
+    from bayesgate.attacks.adaptive_eval import EVAL_SEED_OFFSET, served_draw
+
+    with np.load(images, allow_pickle=False) as data:
+        x_adv = torch.from_numpy(data["x_adv"])
+    if x_adv.shape != x.shape:
+        raise SystemExit(f"{images}: {tuple(x_adv.shape)} images, --limit gives {tuple(x.shape)}")
+    verdict_seed = seed + EVAL_SEED_OFFSET
+    clean_mean, _ = served_draw(network, detector, x, k, verdict_seed)
+    mean, score_np = served_draw(network, detector, x_adv, k, verdict_seed)
+    eligible, pred = clean_mean.argmax(dim=1) == y, mean.argmax(dim=1)
+    score = torch.from_numpy(np.asarray(score_np, dtype=np.float64))
+    mis = eligible & (pred != y)
+    passed = mis & (score <= float(detector.threshold))
+    rows = [_row(i, y, pred, score, x_adv - x) for i in torch.nonzero(passed).flatten().tolist()]
+    counts = {
+        "images": len(x),
+        "eligible": int(eligible.sum()),
+        "successful": int(mis.sum()),
+        "through": len(rows),
+        "score": detector.score,
+        "threshold": float(detector.threshold),
+    }
+    return x_adv, counts, rows
+
+
+def _row(
+    i: int, y: torch.Tensor, pred: torch.Tensor, score: torch.Tensor, delta: torch.Tensor
+) -> dict[str, Any]:
+    d = delta[i].flatten()
+    return {
+        "index": i,
+        "label": int(y[i]),
+        "predicted": int(pred[i]),
+        "score": round(float(score[i]), 4),
+        "l1": round(float(d.abs().sum()), 3),
+        "l2": round(float(d.norm()), 3),
+        "linf": round(float(d.abs().max()), 3),
+        "pixels_changed": int((d.abs() > CHANGED).sum()),
+    }
 
 
 def plot(x: torch.Tensor, x_adv: torch.Tensor, rows: list[dict[str, Any]], title: str, out: Path):
@@ -109,7 +151,13 @@ def plot(x: torch.Tensor, x_adv: torch.Tensor, rows: list[dict[str, Any]], title
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", type=Path)
-    parser.add_argument("--attack", required=True, help="attack spec, e.g. slide or slide:eps=5")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--attack", help="attack spec, e.g. slide or slide:eps=5")
+    source.add_argument(
+        "--adaptive-images",
+        type=Path,
+        help="an adaptive-eval cache file (.npz) of the first --limit digits",
+    )
     parser.add_argument("--limit", type=int, default=1000)
     parser.add_argument("--show", type=int, default=8)
     parser.add_argument("--k", type=int, default=None, help="default: the detector's K")
@@ -129,28 +177,36 @@ def main(argv: list[str] | None = None) -> int:
     from bayesgate.models.detection.store import load_detector
     from bayesgate.models.store.directory import load_model
 
-    settings = EvalSettings(
-        attacks=(args.attack,), ood=(), limit=args.limit, k=args.k, seed=args.seed,
-        cache_dir=args.cache_dir,
-    )  # fmt: skip
-    settings.check()
-    (spec,) = settings.specs()
     loaded = load_model(args.model)
     detector = load_detector(args.model, loaded.card.weights_sha256)
-    run = EvalRun(loaded, detector, settings, torch.device("cpu"), progress=False)
     x, y = load_mnist("test", limit=args.limit)
-    x_adv, counts, rows = through(run, spec, x, y)
+    if args.adaptive_images is not None:
+        k = int(args.k or detector.k)
+        x_adv, counts, rows = through_adaptive(
+            loaded.network, detector, args.adaptive_images, x, y, k, args.seed
+        )
+        label, key = f"adaptive-eval {args.adaptive_images.stem}", str(args.adaptive_images.name)
+    else:
+        settings = EvalSettings(
+            attacks=(args.attack,), ood=(), limit=args.limit, k=args.k, seed=args.seed,
+            cache_dir=args.cache_dir,
+        )  # fmt: skip
+        settings.check()
+        (spec,) = settings.specs()
+        run = EvalRun(loaded, detector, settings, torch.device("cpu"), progress=False)
+        x_adv, counts, rows = through(run, spec, x, y)
+        k, label, key = run.k, spec.label, spec.key
     shown = rows[: args.show]
     title = (
-        f"{loaded.card.name}, {spec.label}: {counts['through']} of {counts['eligible']} digits "
+        f"{loaded.card.name}, {label}: {counts['through']} of {counts['eligible']} digits "
         f"misclassified and not flagged ({counts['score']} ≤ {counts['threshold']:.3g}); "
         f"the first {len(shown)}"
     )
     plot(x, x_adv, shown, title, args.out)
     result = {
         "model": loaded.card.name,
-        "attack": spec.key,
-        "k": run.k,
+        "attack": key,
+        "k": k,
         "seed": args.seed,
         **counts,
         "shown": shown,

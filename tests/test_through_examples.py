@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from bench_scripts import load_bench
 
+from bayesgate.attacks.adaptive_eval import evaluate_adaptive
+from bayesgate.attacks.adaptive_settings import AdaptiveSettings
 from bayesgate.attacks.detect_eval import evaluate_detector
 from bayesgate.attacks.detect_settings import EvalSettings
 from bayesgate.models.detection.store import load_detector
@@ -51,3 +53,33 @@ def test_limit_and_show_must_be_positive(tmp_path: Path) -> None:
     bench = load_bench("through_examples")
     with pytest.raises(SystemExit):
         bench.main(["m", "--attack", "slide", "--show", "0", "--out", str(tmp_path / "x.png")])
+
+
+def test_adaptive_images_are_judged_as_adaptive_eval_judges(
+    tmp_path: Path, mnist_root: Path, monkeypatch
+) -> None:
+    """``--adaptive-images``: the digits through are ``adaptive-eval``'s ``evaded`` of that row."""
+    monkeypatch.setenv("BAYESGATE_DATA_DIR", str(mnist_root))
+    model = resolve_model_dir(Path("bayesgate-cnn"))
+    loaded = load_model(model)
+    detector = load_detector(model, loaded.card.weights_sha256)
+    cache = tmp_path / "cache"
+    settings = AdaptiveSettings(
+        eps=(10.0,), weights=(1.0,), steps=15, limit=LIMIT, optimizer="slide", cache_dir=cache
+    )
+    rows = evaluate_adaptive(loaded, detector, settings)["rows"]
+    (images,) = [p for p in cache.rglob("*.npz") if "-w1-" in p.name]
+    bench = load_bench("through_examples")
+    png, out = tmp_path / "through.png", tmp_path / "through.json"
+    argv = [str(model), "--adaptive-images", str(images), "--limit", str(LIMIT), "--show", "2",
+            "--out", str(png), "--json", str(out)]  # fmt: skip
+    assert bench.main(argv) == 0
+    result = json.loads(out.read_text())
+    adaptive = rows[1]
+    assert adaptive["attack"] == "adaptive SLIDE λ=1"
+    assert result["through"] == adaptive["evaded"] > 0
+    assert result["successful"] == adaptive["misclassified"]
+    assert result["eligible"] == adaptive["eligible"]
+    for r in result["shown"]:
+        assert r["score"] <= result["threshold"] and r["predicted"] != r["label"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
