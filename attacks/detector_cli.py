@@ -21,7 +21,13 @@ from typing import Any
 from bayesgate.attacks.fit_settings import OUTLIER_KINDS, RULES, FitSettings
 from bayesgate.attacks.specs import spec_needs
 from bayesgate.errors import InvalidArgument, writable_dir
-from bayesgate.models.device import DEVICE_CHOICES, add_threads_flag, pick_device, set_threads
+from bayesgate.models.device import (
+    DEFAULT_DEVICE,
+    DEVICE_CHOICES,
+    add_threads_flag,
+    pick_device,
+    set_threads,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,8 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="fit the feature-density + uncertainty detector (fused) and store it by the model",
     )
     p.add_argument("model", type=Path, help="model directory (detector files are written there)")
-    p.add_argument("--k", type=int, default=None, help="MC passes of the scores (card k_test)")
-    p.add_argument("--k-attack", type=int, default=None, help="MC passes attacked (k_attack)")
+    p.add_argument("--k", type=int, default=d.k, help="MC passes of the scores (card k_test)")
+    p.add_argument("--k-attack", type=int, default=d.k_attack, help="MC passes attacked (k_attack)")
     p.add_argument(
         "--attacks",
         nargs="+",
@@ -41,7 +47,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="attacks whose successful examples train the fusion (default: %(default)s)",
     )
     p.add_argument(
-        "--train-subset", type=int, default=None, help="first N training images (default all)"
+        "--train-subset",
+        type=int,
+        default=d.train_subset,
+        help="first N training images (default all)",
     )
     p.add_argument("--fit-images", type=int, default=d.fit_images, help="validation: fit part")
     p.add_argument(
@@ -58,7 +67,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="precision of the stored KDE samples",
     )
     p.add_argument(
-        "--shrinkage", type=float, default=None, help="fixed covariance shrinkage (Ledoit–Wolf)"
+        "--shrinkage",
+        type=float,
+        default=d.shrinkage,
+        help="fixed covariance shrinkage (Ledoit–Wolf)",
     )
     p.add_argument(
         "--trunk-grid",
@@ -90,7 +102,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target-fpr", type=float, default=d.target_fpr, help="clean FPR of thresholds")
     p.add_argument("--seed", type=int, default=d.seed, help="seed of masks, splits, subsamples")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="images per attack batch")
-    p.add_argument("--device", default="auto", help=f"one of {', '.join(DEVICE_CHOICES)}")
+    p.add_argument("--device", default=DEFAULT_DEVICE, help=f"one of {', '.join(DEVICE_CHOICES)}")
     add_threads_flag(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_fit_detector, needs=_needs)

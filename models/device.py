@@ -15,9 +15,12 @@ if TYPE_CHECKING:
     import torch
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
+DEFAULT_DEVICE = "auto"
+"""The device when none is given: :func:`pick_device`'s, the ``--device`` flags' of ``predict``
+and ``fit-detector``, and the service's ``BAYESGATE_DEVICE``."""
 
 
-def pick_device(preference: str = "auto") -> torch.device:
+def pick_device(preference: str = DEFAULT_DEVICE) -> torch.device:
     """Return the device to run on.
 
     ``auto`` picks ``cuda`` when a GPU is visible and falls back to ``cpu``; ``cuda`` on a host

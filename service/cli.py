@@ -27,6 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 from bayesgate.errors import InvalidArgument
 from bayesgate.extras import Need
+from bayesgate.models.device import DEFAULT_DEVICE
+from bayesgate.models.store.bundled import DEFAULT_MODEL_DIR
+from bayesgate.service.defaults import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_WORKERS, ENV_PREFIX
 
 if TYPE_CHECKING:
     import uvicorn
@@ -34,9 +37,6 @@ if TYPE_CHECKING:
 
     from bayesgate.service.settings import Settings
 
-ENV_PREFIX = (
-    "BAYESGATE_"  # = bayesgate.service.settings.ENV_PREFIX (not imported: keeps --help fast)
-)
 FLAGS = {
     "host": "--host",
     "port": "--port",
@@ -61,10 +61,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         f"{ENV_PREFIX}* environment variables (see docs/service.md).",
     )
     p.add_argument(
-        "--host", default=None, help=f"bind address (default {ENV_PREFIX}HOST or 127.0.0.1)"
+        "--host", default=None, help=f"bind address (default {ENV_PREFIX}HOST or {DEFAULT_HOST})"
     )
     p.add_argument(
-        "--port", type=int, default=None, help=f"port (default {ENV_PREFIX}PORT or 8000)"
+        "--port", type=int, default=None, help=f"port (default {ENV_PREFIX}PORT or {DEFAULT_PORT})"
     )
     p.add_argument(
         "--grpc-port",
@@ -82,16 +82,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         "builds its library with cargo on first use, see `bayesgate build-native`)",
     )
     p.add_argument(
-        "--workers", type=int, default=None, help=f"processes (default {ENV_PREFIX}WORKERS or 1)"
+        "--workers",
+        type=int,
+        default=None,
+        help=f"processes (default {ENV_PREFIX}WORKERS or {DEFAULT_WORKERS})",
     )
     p.add_argument(
         "--model-dir",
         type=Path,
         default=None,
-        help="model directory, or a bundled model's name: bayesgate-robust (the default) or "
-        f"bayesgate-cnn; default {ENV_PREFIX}MODEL_DIR or bayesgate-robust",
+        help=f"model directory, or a bundled model's name: {DEFAULT_MODEL_DIR.name} (the default) "
+        f"or bayesgate-cnn; default {ENV_PREFIX}MODEL_DIR or {DEFAULT_MODEL_DIR.name}",
     )
-    p.add_argument("--device", default=None, help="auto, cpu or cuda (default auto)")
+    p.add_argument("--device", default=None, help=f"auto, cpu or cuda (default {DEFAULT_DEVICE})")
     p.add_argument(
         "--demo",
         action="store_true",

@@ -39,14 +39,14 @@ import numpy as np
 import torch
 
 from bayesgate.errors import InvalidArgument
+from bayesgate.models.device import DEFAULT_DEVICE
 from bayesgate.models.store.bundled import DEFAULT_ALIAS, resolve_model_dir
+from bayesgate.service.defaults import DEFAULT_BATCH_SIZE
 from bayesgate.service.errors import InvalidInput, StartupError
 from bayesgate.service.inputs import accepted_shapes, check_values, kind_text, reject_booleans
 from bayesgate.service.prediction import Prediction, answer
 from bayesgate.service.schemas import MAX_SEED
 from bayesgate.service.served_model import ServedModel, load_served_model
-
-DEFAULT_BATCH_SIZE = 256  # the service's default BAYESGATE_MAX_INSTANCES: a chunk is a request
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class Gate:
         )
 
     @classmethod
-    def load(cls, model: str | Path = DEFAULT_ALIAS, device: str = "auto") -> Gate:
+    def load(cls, model: str | Path = DEFAULT_ALIAS, device: str = DEFAULT_DEVICE) -> Gate:
         """The model directory ``model``, or the bundled model of that name (``bayesgate-robust``,
         ``bayesgate-cnn``, ``bayesgate-default``); ``device`` ``auto`` takes CUDA when there is
         one."""

@@ -23,11 +23,12 @@ from pathlib import Path
 from typing import IO, Any
 
 from bayesgate.errors import InvalidArgument, check_at_least, writable_file
-from bayesgate.models.device import DEVICE_CHOICES, add_threads_flag, set_threads
+from bayesgate.models.device import DEFAULT_DEVICE, DEVICE_CHOICES, add_threads_flag, set_threads
 from bayesgate.models.mc.options import MAX_SEED
 from bayesgate.models.store.bundled import READ_MODEL_HELP, model_to_read
 from bayesgate.models.store.own_files import refuse_model_file
 from bayesgate.outputs import note_replacing, write_atomically
+from bayesgate.service.defaults import DEFAULT_BATCH_SIZE
 
 FORMATS = ("jsonl", "csv")
 CSV_FIRST = (
@@ -80,7 +81,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--batch-size",
         type=int,
-        default=256,  # gate.DEFAULT_BATCH_SIZE (not imported here: it imports torch)
+        default=DEFAULT_BATCH_SIZE,  # Gate's, from its torch-free module
         help="images per engine call: each chunk is answered as one seeded /v1 request",
     )
     p.add_argument(
@@ -99,7 +100,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="jsonl or csv (default: csv when --out ends in .csv, else jsonl)",
     )
-    p.add_argument("--device", default="auto", help=f"one of {', '.join(DEVICE_CHOICES)}")
+    p.add_argument("--device", default=DEFAULT_DEVICE, help=f"one of {', '.join(DEVICE_CHOICES)}")
     add_threads_flag(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(

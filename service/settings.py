@@ -12,6 +12,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from bayesgate.errors import InvalidArgument
+from bayesgate.models.device import DEFAULT_DEVICE
 from bayesgate.models.store.bundled import (  # noqa: F401  (re-exported: the service's names)
     BUNDLED_MODELS_DIR,
     DEFAULT_ALIAS,
@@ -19,9 +20,14 @@ from bayesgate.models.store.bundled import (  # noqa: F401  (re-exported: the se
     bundled_model_names,
     resolve_model_dir,
 )
+from bayesgate.service.defaults import (
+    DEFAULT_HOST,
+    DEFAULT_MAX_INSTANCES,
+    DEFAULT_PORT,
+    DEFAULT_WORKERS,
+    ENV_PREFIX,
+)
 from bayesgate.service.event_loop import EventLoopName
-
-ENV_PREFIX = "BAYESGATE_"
 
 LogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
 LogFormat = Literal["json", "text"]
@@ -43,7 +49,9 @@ class Settings(BaseSettings):
         "a bundled model: bayesgate-robust (the default, also called bayesgate-default) or "
         "bayesgate-cnn",
     )
-    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto/cpu/cuda")
+    device: str = Field(
+        DEFAULT_DEVICE, pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto/cpu/cuda"
+    )
     default_mc_samples: int | None = Field(
         None,
         ge=1,
@@ -51,7 +59,9 @@ class Settings(BaseSettings):
         "decides, else calibration.json's)",
     )
     max_mc_samples: int = Field(100, ge=1, description="largest K a request may ask for")
-    max_instances: int = Field(256, ge=1, description="most images in one request")
+    max_instances: int = Field(
+        DEFAULT_MAX_INSTANCES, ge=1, description="most images in one request"
+    )
     max_batch_size: int = Field(
         64, ge=1, description="most instances merged into one engine call (1 = no batching)"
     )
@@ -153,9 +163,9 @@ class Settings(BaseSettings):
         description="directory shared by the worker processes (admin changes); set by "
         "`bayesgate serve --workers N`",
     )
-    host: str = Field("127.0.0.1", description="`bayesgate serve` bind address")
-    port: int = Field(8000, ge=0, le=65535, description="`bayesgate serve` port")
-    workers: int = Field(1, ge=1, description="`bayesgate serve` worker processes")
+    host: str = Field(DEFAULT_HOST, description="`bayesgate serve` bind address")
+    port: int = Field(DEFAULT_PORT, ge=0, le=65535, description="`bayesgate serve` port")
+    workers: int = Field(DEFAULT_WORKERS, ge=1, description="`bayesgate serve` worker processes")
     demo: bool = Field(
         False,
         description="turn on POST /v1/attack and the page's attack panel (`bayesgate serve "
