@@ -93,8 +93,10 @@ def union(
 
 
 def main(argv: list[str] | None = None) -> int:
+    from bayesgate.models.store.bundled import model_to_read
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("model", type=Path)
+    parser.add_argument("model", type=model_to_read, help="a model directory or bundled name")
     parser.add_argument("--images", type=Path, nargs="+", required=True)
     parser.add_argument("--limit", type=int, required=True, help="the adaptive-eval run's --limit")
     parser.add_argument("--k", type=int, default=None, help="default: the detector's K")

@@ -149,8 +149,10 @@ def plot(x: torch.Tensor, x_adv: torch.Tensor, rows: list[dict[str, Any]], title
 
 
 def main(argv: list[str] | None = None) -> int:
+    from bayesgate.models.store.bundled import model_to_read
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("model", type=Path)
+    parser.add_argument("model", type=model_to_read, help="a model directory or bundled name")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--attack", help="attack spec, e.g. slide or slide:eps=5")
     source.add_argument(
