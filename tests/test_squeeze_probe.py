@@ -1,0 +1,57 @@
+"""bench/squeeze_probe.py: the 3×3 median against a direct per-pixel median, the squeeze distance,
+and a small run whose union flag is at least each flag and lets no more through than the fused
+flag alone."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from bench_scripts import load_bench
+
+
+def test_median3_is_the_median_of_each_zero_padded_neighbourhood() -> None:
+    bench = load_bench("squeeze_probe")
+    x = torch.rand(2, 1, 6, 5, generator=torch.Generator().manual_seed(0))
+    padded = np.pad(x.numpy(), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    expected = np.empty_like(x.numpy())
+    for b in range(2):
+        for i in range(6):
+            for j in range(5):
+                expected[b, 0, i, j] = np.median(padded[b, 0, i : i + 3, j : j + 3])
+    np.testing.assert_allclose(bench.median3(x).numpy(), expected)
+    dot = torch.zeros(1, 1, 5, 5)
+    dot[0, 0, 2, 2] = 1.0  # an isolated pixel goes; a 2×2 clump's pixels stay
+    assert float(bench.median3(dot).abs().sum()) == 0.0
+    clump = torch.zeros(1, 1, 6, 6)
+    clump[0, 0, 2:4, 2:4] = 1.0
+    assert torch.equal(bench.median3(clump)[0, 0, 2:4, 2:4], torch.zeros(2, 2))  # 4 of 9: below
+    block = torch.zeros(1, 1, 7, 7)
+    block[0, 0, 2:5, 2:5] = 1.0
+    assert float(bench.median3(block)[0, 0, 3, 3]) == 1.0
+
+
+def test_squeeze_distance_is_the_l1_distance_of_the_means() -> None:
+    bench = load_bench("squeeze_probe")
+    a = torch.tensor([[0.7, 0.2, 0.1], [1.0, 0.0, 0.0]])
+    b = torch.tensor([[0.1, 0.2, 0.7], [1.0, 0.0, 0.0]])
+    torch.testing.assert_close(bench.squeeze_distance(a, b), torch.tensor([1.2, 0.0]))
+
+
+def test_a_small_run(tmp_path: Path, mnist_root: Path, monkeypatch) -> None:
+    monkeypatch.setenv("BAYESGATE_DATA_DIR", str(mnist_root))
+    bench = load_bench("squeeze_probe")
+    out = tmp_path / "probe.json"
+    argv = ["bayesgate-cnn", "--limit", "30", "--val", "60", "--fpr", "0.1", "--attack-limit",
+            "6", "--steps", "8", "--weights", "0", "1", "--json", str(out)]  # fmt: skip
+    assert bench.main(argv) == 0
+    result = json.loads(out.read_text())
+    union = result["clean_flagged_union"]
+    assert max(result["clean_flagged_fused"], result["clean_flagged_squeeze"]) <= union
+    assert union <= result["clean_flagged_fused"] + result["clean_flagged_squeeze"]
+    assert [a["weight"] for a in result["attacks"]] == [0.0, 1.0]
+    for row in result["attacks"]:
+        assert row["through_union"] <= row["through_fused"] <= row["misclassified"]
+        assert row["eligible"] <= row["digits"] == 6
