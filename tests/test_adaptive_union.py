@@ -8,13 +8,8 @@ import json
 from pathlib import Path
 
 import numpy as np
+from adaptive_images import slide_on_the_cnn
 from bench_scripts import load_bench
-
-from bayesgate.attacks.adaptive_eval import evaluate_adaptive
-from bayesgate.attacks.adaptive_settings import AdaptiveSettings
-from bayesgate.models.detection.store import load_detector
-from bayesgate.models.store.bundled import resolve_model_dir
-from bayesgate.models.store.directory import load_model
 
 LIMIT = 40
 
@@ -29,19 +24,12 @@ def test_counts_are_adaptive_evals_and_the_choice_is_the_attackers(
     tmp_path: Path, mnist_root: Path, monkeypatch
 ) -> None:
     monkeypatch.setenv("BAYESGATE_DATA_DIR", str(mnist_root))
-    model = resolve_model_dir(Path("bayesgate-cnn"))
-    loaded = load_model(model)
-    detector = load_detector(model, loaded.card.weights_sha256)
-    cache = tmp_path / "cache"
-    settings = AdaptiveSettings(
-        eps=(10.0,), weights=(1.0,), steps=15, limit=LIMIT, optimizer="slide", cache_dir=cache
-    )
-    plain_row, adaptive_row = evaluate_adaptive(loaded, detector, settings)["rows"]
-    (adaptive,) = [p for p in cache.rglob("*.npz") if "-w1-" in p.name]
-    (plain,) = [p for p in cache.rglob("*.npz") if "-w0-" in p.name]
+    run = slide_on_the_cnn(tmp_path / "cache", LIMIT)
+    adaptive, plain = run.adaptive, run.plain
+    plain_row, adaptive_row = run.plain_row, run.adaptive_row
     out = tmp_path / "union.json"
     bench = load_bench("adaptive_union")
-    argv = [str(model), "--images", str(adaptive), str(plain), "--limit", str(LIMIT),
+    argv = [str(run.model), "--images", str(adaptive), str(plain), "--limit", str(LIMIT),
             "--json", str(out)]  # fmt: skip
     assert bench.main(argv) == 0
     result = json.loads(out.read_text())

@@ -8,10 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
+from adaptive_images import slide_on_the_cnn
 from bench_scripts import load_bench
 
-from bayesgate.attacks.adaptive_eval import evaluate_adaptive
-from bayesgate.attacks.adaptive_settings import AdaptiveSettings
 from bayesgate.attacks.detect_eval import evaluate_detector
 from bayesgate.attacks.detect_settings import EvalSettings
 from bayesgate.models.detection.store import load_detector
@@ -60,22 +59,14 @@ def test_adaptive_images_are_judged_as_adaptive_eval_judges(
 ) -> None:
     """``--adaptive-images``: the digits through are ``adaptive-eval``'s ``evaded`` of that row."""
     monkeypatch.setenv("BAYESGATE_DATA_DIR", str(mnist_root))
-    model = resolve_model_dir(Path("bayesgate-cnn"))
-    loaded = load_model(model)
-    detector = load_detector(model, loaded.card.weights_sha256)
-    cache = tmp_path / "cache"
-    settings = AdaptiveSettings(
-        eps=(10.0,), weights=(1.0,), steps=15, limit=LIMIT, optimizer="slide", cache_dir=cache
-    )
-    rows = evaluate_adaptive(loaded, detector, settings)["rows"]
-    (images,) = [p for p in cache.rglob("*.npz") if "-w1-" in p.name]
+    run = slide_on_the_cnn(tmp_path / "cache", LIMIT)
     bench = load_bench("through_examples")
     png, out = tmp_path / "through.png", tmp_path / "through.json"
-    argv = [str(model), "--adaptive-images", str(images), "--limit", str(LIMIT), "--show", "2",
-            "--out", str(png), "--json", str(out)]  # fmt: skip
+    argv = [str(run.model), "--adaptive-images", str(run.adaptive), "--limit", str(LIMIT),
+            "--show", "2", "--out", str(png), "--json", str(out)]  # fmt: skip
     assert bench.main(argv) == 0
     result = json.loads(out.read_text())
-    adaptive = rows[1]
+    adaptive = run.adaptive_row
     assert adaptive["attack"] == "adaptive SLIDE λ=1"
     assert result["through"] == adaptive["evaded"] > 0
     assert result["successful"] == adaptive["misclassified"]

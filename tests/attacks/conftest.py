@@ -29,6 +29,17 @@ def linear_net() -> LinearNet:
     return LinearNet()
 
 
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """One torch thread (the reductions' order, so the numbers, do not depend on the machine or
+    on what an earlier test left set; tiny tensors on two contended threads also run ~50×
+    slower), restored afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _train_tiny(preset: str, out: Path, epochs: int) -> Path:
     from bayesgate.models.data.mnist import load_mnist
 

@@ -6,7 +6,7 @@ pixel-count checks."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,13 +27,7 @@ HOT = (1, 3, 6, 9, 12, 14)  # pixels that move the toy's logit
 WATCHED = (1, 6, 12)  # half of them, watched by the toy detector
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """Tiny tensors: one thread (two contend on the shared machine and run ~50× slower)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/attacks/conftest.py: tiny tensors
 
 
 class Queries:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -165,16 +164,6 @@ def test_adaptive_apgd_rejects_bad_settings() -> None:
 
 
 # --- against a real fitted detector --------------------------------------------------------------
-
-
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    """One torch thread (the reductions' order, so the numbers, do not depend on the machine or
-    on what an earlier test left set), restored afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_adaptive_lowers_the_fused_score_below_plain_pgd(detector_dir: Path, one_thread) -> None:

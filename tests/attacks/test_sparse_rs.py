@@ -5,8 +5,6 @@ margin never rises; the resampled count follows ``max(1, round(α_i·k))`` with 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 from attacks_testnets import LinearNet
@@ -17,14 +15,7 @@ from bayesgate.attacks.methods.square import margin, p_schedule
 from bayesgate.attacks.specs import parse_attack, parse_parameters
 from bayesgate.cli import main
 
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """Tiny tensors: one thread (two contend on the shared machine and run ~50× slower)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/attacks/conftest.py: tiny tensors
 
 
 class Recorder:
