@@ -3,7 +3,7 @@
 :class:`~bayesgate.service.settings.Settings` (pydantic-settings, ~0.3 s to import) and
 :class:`~bayesgate.service.gate.Gate` (torch, ~3 s) take these values from here, and so do the
 parsers of ``bayesgate serve`` and ``bayesgate predict``: their ``--help`` answers without either
-import and states the defaults that run (``tests/test_cli_defaults.py``).
+import and states the defaults that run (``tests/test_cli_flag_defaults.py``).
 """
 
 from __future__ import annotations
