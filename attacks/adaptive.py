@@ -107,11 +107,25 @@ class AdaptivePGD(AdaptivePGDParameters):
         """With λ = 0 (plain PGD) the attack ignores the detector altogether."""
         return score <= threshold if self.weight > 0 else torch.ones_like(score, dtype=torch.bool)
 
-    def loss(self, m: torch.Tensor, score: torch.Tensor, threshold: float) -> torch.Tensor:
-        """``relu(m + κ) + λ·g·relu(s − threshold + δ)`` per example (module docstring)."""
-        gate = (m < 0).detach().to(m.dtype) if self.schedule == "misclassify-first" else 1.0
+    def loss(
+        self,
+        m: torch.Tensor,
+        score: torch.Tensor,
+        threshold: float,
+        gate: torch.Tensor | float | None = None,
+    ) -> torch.Tensor:
+        """``relu(m + κ) + λ·g·relu(s − threshold + δ)`` per example (module docstring); ``g`` is
+        ``gate`` when given, else this point's (:meth:`gate`)."""
+        gate = self.gate(m) if gate is None else gate
         detector = torch.relu(score - threshold + self.delta)
         return torch.relu(m + self.kappa) + self.weight * gate * detector
+
+    def gate(self, m: torch.Tensor) -> torch.Tensor:
+        """``g`` at margins ``m`` (no gradient): ``1[m < 0]`` (``misclassify-first``) or 1
+        (``joint``)."""
+        if self.schedule == "misclassify-first":
+            return (m < 0).detach().to(m.dtype)
+        return torch.ones_like(m, requires_grad=False)
 
     def _project(self, x_t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``clip(Π_ε(x_t))``: into the L∞ ball of radius ε around ``x``, then into [0, 1]."""

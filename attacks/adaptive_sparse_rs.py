@@ -54,8 +54,8 @@ import torch
 
 from bayesgate.attacks.adaptive import AdaptivePGD, AdaptiveResult, ScoreFn, checked_images
 from bayesgate.attacks.adaptive_settings import AdaptiveSparseRSParameters
-from bayesgate.attacks.methods.sparse_rs import random_start, swap
-from bayesgate.attacks.methods.square import cpu_generator, margin, p_schedule
+from bayesgate.attacks.methods.sparse_rs import random_start, resampled_count, swap
+from bayesgate.attacks.methods.square import cpu_generator, margin
 
 
 @dataclass(frozen=True)
@@ -95,11 +95,11 @@ class AdaptiveSparseRS(AdaptiveSparseRSParameters, AdaptivePGD):
             m_now, s_now = query(current, torch.arange(x.shape[0], device=x.device))
             success = (m_now < 0) & self._unflagged(s_now, threshold)
             found = current.clone()
-            found_loss = torch.where(success, self.search_loss(m_now, s_now, threshold, 1), inf)
+            found_loss = torch.where(success, self.loss(m_now, s_now, threshold, 1), inf)
             first[success] = 0
             for i in range(1, self.steps):
-                gate = self._gate(m_now)  # read at the current point, for it and its candidates
-                now = self.search_loss(m_now, s_now, threshold, gate)
+                gate = self.gate(m_now)  # read at the current point, for it and its candidates
+                now = self.loss(m_now, s_now, threshold, gate)
                 active = torch.nonzero(now > 0).squeeze(1)
                 if active.numel() == 0:
                     break
@@ -108,10 +108,10 @@ class AdaptiveSparseRS(AdaptiveSparseRSParameters, AdaptivePGD):
                 m, score = query(candidate, active)
                 success = (m < 0) & self._unflagged(score, threshold)
                 first[active[success & (first[active] < 0)]] = i
-                full = self.search_loss(m, score, threshold, 1)
+                full = self.loss(m, score, threshold, 1)
                 keep = success & (full < found_loss[active])
                 found[active[keep]], found_loss[active[keep]] = candidate[keep], full[keep]
-                better = self.search_loss(m, score, threshold, gate[active]) < now[active]
+                better = self.loss(m, score, threshold, gate[active]) < now[active]
                 kept = active[better]
                 current[kept], chosen[kept] = candidate[better], in_set[better]
                 m_now[kept], s_now[kept] = m[better], score[better]
@@ -119,21 +119,10 @@ class AdaptiveSparseRS(AdaptiveSparseRSParameters, AdaptivePGD):
         out = torch.where(was_found[:, None, None], found, current)
         return AdaptiveResult(out.view_as(x), was_found, first)
 
-    def search_loss(
-        self, m: torch.Tensor, score: torch.Tensor, threshold: float, gate: torch.Tensor | float
-    ) -> torch.Tensor:
-        """``relu(m + κ) + λ·gate·relu(s − threshold + δ)`` per image, ``gate`` given."""
-        return torch.relu(m + self.kappa) + self.weight * gate * torch.relu(
-            score - threshold + self.delta
-        )
-
-    def _gate(self, m: torch.Tensor) -> torch.Tensor:
-        """``g`` of the current points: ``1[m < 0]`` (``misclassify-first``) or 1 (``joint``)."""
-        ones = torch.ones_like(m)
-        return (m < 0).to(m.dtype) if self.schedule == "misclassify-first" else ones
-
     def resampled(self, iteration: int, n: int) -> int:
-        """``r_i = max(1, round(α_i·k))`` (at most ``n − k``), ``α_i = p_schedule(alpha_init,
-        i, steps)``: how many of the ``k`` pixels move at iteration ``i`` (0 = the first move)."""
-        r = max(1, round(p_schedule(self.alpha_init, iteration, self.steps) * self.pixels))
-        return min(r, n - self.pixels)
+        """How many of the ``k`` pixels move at iteration ``i`` (0 = the first move):
+        :func:`~bayesgate.attacks.methods.sparse_rs.resampled_count` over ``steps`` queries, at
+        most the ``n − k`` pixels outside the set."""
+        return min(
+            resampled_count(self.alpha_init, iteration, self.steps, self.pixels), n - self.pixels
+        )

@@ -77,9 +77,8 @@ class SparseRS(SparseRSParameters, Attack):
             return self._run(batch, batch.x.detach().flatten(2), rng).view_as(batch.x)
 
     def resampled(self, iteration: int) -> int:
-        """``r_i = max(1, round(α_i·k))``, ``α_i = p_schedule(alpha_init, i, queries)``: how many
-        of the ``k`` pixels iteration ``i`` moves."""
-        return max(1, round(p_schedule(self.alpha_init, iteration, self.queries) * self.pixels))
+        """How many of the ``k`` pixels iteration ``i`` moves: :func:`resampled_count`."""
+        return resampled_count(self.alpha_init, iteration, self.queries, self.pixels)
 
     def _run(self, batch: AttackInput, x: torch.Tensor, rng: torch.Generator) -> torch.Tensor:
         """The search on flattened images ``x`` (B×C×n); returns the best images, B×C×n."""
@@ -103,6 +102,12 @@ class SparseRS(SparseRSParameters, Attack):
             best_margin[kept] = m[better]
             _report(batch, i + 1, best)
         return best
+
+
+def resampled_count(alpha_init: float, iteration: int, budget: int, k: int) -> int:
+    """``r_i = max(1, round(α_i·k))``, ``α_i = p_schedule(alpha_init, i, budget)``: how many of
+    the ``k`` pixels Sparse-RS's iteration ``i`` (0 = the first move) moves."""
+    return max(1, round(p_schedule(alpha_init, iteration, budget) * k))
 
 
 def random_start(
