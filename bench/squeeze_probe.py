@@ -13,7 +13,8 @@ from one K-pass draw. An image is flagged when the served fused flag is up **or*
 union's clean FPR is at most the fused flag's plus ``fpr``; measured on the test digits).
 
 1. Clean: the first ``--limit`` test digits, how often each flag and the union are up.
-2. ``--images``: ``adaptive-eval`` cache files of those digits (e.g. the adaptive Sparse-RS's);
+2. ``--images``: ``adaptive-eval`` cache files of at least those digits (their first ``--limit``
+   images are read; e.g. the adaptive Sparse-RS's);
    per file, the digits misclassified and not flagged by the fused flag alone and by the union,
    judged as ``adaptive-eval`` judges (masks seeded ``seed + 1_000_003``, K = the detector's).
 3. The informed attacker against the union, on the first ``--attack-limit`` digits:
@@ -115,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.limit < 1 or args.val < 1 or not 0 < args.fpr < 1 or args.attack_limit < 0:
         parser.error("--limit, --val ≥ 1, --fpr in (0, 1), --attack-limit ≥ 0")
+    for path in args.images:
+        if not path.is_file():
+            parser.error(f"--images: no file {path}")
     torch.set_num_threads(args.threads)
 
     from bayesgate.attacks.adaptive_eval import EVAL_SEED_OFFSET
@@ -150,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     for path in args.images:
         with np.load(path, allow_pickle=False) as data:
-            x_adv = torch.from_numpy(data["x_adv"])
+            x_adv = torch.from_numpy(data["x_adv"])[: args.limit]
+        if x_adv.shape != x.shape:
+            raise SystemExit(f"{path}: {tuple(x_adv.shape)} images, --limit needs {tuple(x.shape)}")
         adv = verdicts(net, detector, x_adv, y, k, seed, t_q)
         result["files"].append({"file": path.name, **through(clean, adv)})
     n = args.attack_limit

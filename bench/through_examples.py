@@ -171,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.limit < 1 or args.show < 1:
         parser.error("--limit and --show must be ≥ 1")
+    if args.adaptive_images is not None and not args.adaptive_images.is_file():
+        parser.error(f"--adaptive-images: no file {args.adaptive_images}")
     torch.set_num_threads(args.threads)
 
     from bayesgate.attacks.detect_eval import EvalRun

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from bench_scripts import load_bench
 
@@ -55,3 +56,12 @@ def test_a_small_run(tmp_path: Path, mnist_root: Path, monkeypatch) -> None:
     for row in result["attacks"]:
         assert row["through_union"] <= row["through_fused"] <= row["misclassified"]
         assert row["eligible"] <= row["digits"] == 6
+
+
+def test_a_missing_images_file_is_one_usage_error(tmp_path: Path, capsys) -> None:
+    bench = load_bench("squeeze_probe")
+    missing = tmp_path / "none.npz"
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["bayesgate-cnn", "--images", str(missing)])
+    assert exit_.value.code == 2
+    assert f"--images: no file {missing}" in capsys.readouterr().err

@@ -74,3 +74,14 @@ def test_adaptive_images_are_judged_as_adaptive_eval_judges(
     for r in result["shown"]:
         assert r["score"] <= result["threshold"] and r["predicted"] != r["label"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_missing_adaptive_images_file_is_one_usage_error(tmp_path: Path, capsys) -> None:
+    bench = load_bench("through_examples")
+    missing = tmp_path / "none.npz"
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(
+            ["bayesgate-cnn", "--adaptive-images", str(missing), "--out", str(tmp_path / "x.png")]
+        )
+    assert exit_.value.code == 2
+    assert f"--adaptive-images: no file {missing}" in capsys.readouterr().err
