@@ -80,8 +80,9 @@ def union(
         "attacker_through": int(sent_through.sum()),
         "attacker_through_rate": float(sent_through.sum() / n),
         "misclassified_sent": int((eligible & ~verdict["correct"]).sum()),
-        # the chosen file's own verdict per digit: equal to attacker_through, as the verdict's
-        # masks depend on a digit's place in the set, not on the other digits
+        # the chosen file's own verdict per digit: equal to attacker_through, as in sets of one
+        # size the verdict's masks depend on a digit's place, not on the other digits (a draw of
+        # another size differs)
         "chosen_files_through": int(np.stack(through)[picked, np.arange(len(x))].sum()),
         "some_file_through": int(np.any(through, axis=0).sum()),
         "some_file_through_rate": float(np.any(through, axis=0).sum() / n),
