@@ -118,6 +118,7 @@ def evaluate_adaptive(
         "steps": settings.steps,
         "optimizer": settings.optimizer,
         "restarts": settings.restarts,
+        "region": settings.region,
         "kappa": settings.kappa,
         "delta": settings.delta,
         "torch_threads": torch.get_num_threads(),
@@ -302,8 +303,13 @@ def write_adaptive(result: dict[str, Any], out: Path | str) -> dict[str, Path]:
 
 def _optimizer_text(result: dict[str, Any]) -> str:
     if result.get("optimizer", "pgd") == "sparse-rs":
+        where = (
+            " on the digit's strokes and their one-pixel border only"
+            if result.get("region", "anywhere") == "strokes"
+            else ""
+        )
         return (
-            f"Sparse-RS (random search over pixels set to 0 or 1, Croce et al. 2022), "
+            f"Sparse-RS (random search over pixels set to 0 or 1{where}, Croce et al. 2022), "
             f"{result['steps']} queries per image, no gradients; **ε is the number of pixels "
             "k** (L0) here"
         )

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from bayesgate.attacks.methods.parameters import SPARSE_REGIONS
 from bayesgate.errors import InvalidArgument
 
 if TYPE_CHECKING:
@@ -187,11 +188,14 @@ class AdaptiveSparseRSParameters(AdaptivePGDParameters):
     changed pixel goes to 0 or 1), ``steps`` the queries per image (the start included, as
     Sparse-RS's ``queries``), searched by Sparse-RS's random moves (Croce et al. 2022) that
     resample ``max(1, round(α_i·k))`` pixels, ``α_i`` from ``alpha_init`` by Square's halving
-    schedule. No step size: the moves have none."""
+    schedule, placing pixels anywhere or, with ``region="strokes"``, only on the digit's strokes
+    and their one-pixel border (where a changed pixel has stroke neighbours: the clumps a 3×3
+    median filter keeps). No step size: the moves have none."""
 
     eps: float = 10.0
     steps: int = 1000
     alpha_init: float = 0.3
+    region: str = "anywhere"
 
     optimizer: ClassVar[str] = "sparse-rs"
 
@@ -201,6 +205,10 @@ class AdaptiveSparseRSParameters(AdaptivePGDParameters):
             raise InvalidArgument("Sparse-RS has no step size (it moves whole pixels)")
         if not (math.isfinite(self.alpha_init) and 0.0 < self.alpha_init <= 1.0):
             raise InvalidArgument(f"adaptive alpha_init must be in (0, 1], got {self.alpha_init}")
+        if self.region not in SPARSE_REGIONS:
+            raise InvalidArgument(
+                f"sparse-rs region must be one of {', '.join(SPARSE_REGIONS)}, got {self.region!r}"
+            )
 
     @staticmethod
     def check_eps(name: str, value: float) -> None:
@@ -218,7 +226,7 @@ class AdaptiveSparseRSParameters(AdaptivePGDParameters):
 
     @property
     def cache_tag(self) -> str:
-        return "-sparse-rs"
+        return "-sparse-rs" if self.region == "anywhere" else f"-sparse-rs-{self.region}"
 
 
 def radius_check(optimizer: str) -> Callable[[str, float], None]:
@@ -246,6 +254,7 @@ class AdaptiveSettings:
     cache_dir: Path | None = None
     optimizer: str = "pgd"  # one of OPTIMIZERS
     restarts: int = 1  # APGD only: runs from new random starts on the examples not yet found
+    region: str = "anywhere"  # sparse-rs only: where pixels go (SPARSE_REGIONS)
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
@@ -256,6 +265,8 @@ class AdaptiveSettings:
             raise InvalidArgument(
                 f"restarts {self.restarts}: must be ≥ 1, and more than 1 needs the apgd optimizer"
             )
+        if self.region != "anywhere" and self.optimizer != "sparse-rs":
+            raise InvalidArgument(f"region {self.region!r} needs the sparse-rs optimizer")
         if not self.eps:
             raise InvalidArgument("give at least one eps")
         for eps in self.eps:  # every attack checks its parameters now, not midway through a run
@@ -276,6 +287,9 @@ class AdaptiveSettings:
             kind, prefix = AdaptiveSLIDEParameters, "SLIDE "
         elif self.optimizer == "sparse-rs":
             kind, prefix = AdaptiveSparseRSParameters, "Sparse-RS "
+            common["region"] = self.region
+            if self.region != "anywhere":
+                prefix = f"Sparse-RS ({self.region}) "
         out = [(f"plain {prefix or 'PGD'}".rstrip(), kind(weight=0.0, **common))]
         out += [(f"adaptive {prefix}λ={w:g}", kind(weight=w, **common)) for w in self.weights]
         out += [

@@ -11,12 +11,15 @@ but the threat model is Sparse-RS's (:mod:`bayesgate.attacks.methods.sparse_rs`,
 value in {0, 1} per channel on ``S``, so ``‖x' − x‖₀ ≤ k``. ``L`` is minimised by Sparse-RS's
 random search, which only ever reads ``L``'s value (``score_fn`` under ``torch.no_grad``):
 
-1. start: ``S₀`` = ``k`` positions drawn uniformly per image, random values in {0, 1};
+1. start: ``S₀`` = ``k`` positions drawn uniformly per image (anywhere, or with
+   ``region="strokes"`` among the digit's strokes and their one-pixel border,
+   :func:`~bayesgate.attacks.methods.sparse_rs.near_strokes`), random values in {0, 1};
 2. query ``i = 1 … steps − 1``: ``r_i = max(1, round(α_i·k))`` positions leave ``S`` (back to
-   the clean value) and ``r_i`` positions from outside enter it with fresh random values
-   (:func:`~bayesgate.attacks.methods.sparse_rs.swap`), ``α_i`` = Square's halving schedule of
-   ``alpha_init`` over the ``steps`` queries; the candidate becomes the current point if its
-   ``L`` is strictly lower (on its own K-sample draw), both with the current point's gate.
+   the clean value) and ``r_i`` positions from outside (in the region) enter it with fresh
+   random values (:func:`~bayesgate.attacks.methods.sparse_rs.swap`), ``α_i`` = Square's
+   halving schedule of ``alpha_init`` over the ``steps`` queries; the candidate becomes the
+   current point if its ``L`` is strictly lower (on its own K-sample draw), both with the
+   current point's gate.
 
 The gate ``g`` of ``misclassify-first`` is read at the *current* point, as PGD reads it at its
 iterate: a candidate is compared with the current point under the same loss, and the detector
@@ -54,7 +57,13 @@ import torch
 
 from bayesgate.attacks.adaptive import AdaptivePGD, AdaptiveResult, ScoreFn, checked_images
 from bayesgate.attacks.adaptive_settings import AdaptiveSparseRSParameters
-from bayesgate.attacks.methods.sparse_rs import random_start, resampled_count, swap
+from bayesgate.attacks.methods.sparse_rs import (
+    free_positions,
+    near_strokes,
+    random_start,
+    resampled_count,
+    swap,
+)
 from bayesgate.attacks.methods.square import cpu_generator, margin
 
 
@@ -83,6 +92,8 @@ class AdaptiveSparseRS(AdaptiveSparseRSParameters, AdaptivePGD):
             raise ValueError(f"sparse-rs pixels must be < the {n} of an image, got {self.pixels}")
         rng = cpu_generator(generator)
         flat = x.flatten(2)
+        allowed = near_strokes(x, self.pixels) if self.region == "strokes" else None
+        free = free_positions(n, self.pixels, allowed)
 
         def query(images: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             """Margin and detector score of ``images`` (the rows ``rows`` of the batch)."""
@@ -91,7 +102,7 @@ class AdaptiveSparseRS(AdaptiveSparseRSParameters, AdaptivePGD):
 
         first = torch.full((x.shape[0],), -1, dtype=torch.int64, device=x.device)
         with torch.no_grad():
-            current, chosen = random_start(flat, self.pixels, rng)
+            current, chosen = random_start(flat, self.pixels, rng, allowed)
             m_now, s_now = query(current, torch.arange(x.shape[0], device=x.device))
             success = (m_now < 0) & self._unflagged(s_now, threshold)
             found = current.clone()
@@ -103,8 +114,11 @@ class AdaptiveSparseRS(AdaptiveSparseRSParameters, AdaptivePGD):
                 active = torch.nonzero(now > 0).squeeze(1)
                 if active.numel() == 0:
                     break
-                count = self.resampled(i - 1, n)
-                candidate, in_set = swap(flat[active], current[active], chosen[active], count, rng)
+                count = self.resampled(i - 1, free)
+                region = None if allowed is None else allowed[active]
+                candidate, in_set = swap(
+                    flat[active], current[active], chosen[active], count, rng, region
+                )
                 m, score = query(candidate, active)
                 success = (m < 0) & self._unflagged(score, threshold)
                 first[active[success & (first[active] < 0)]] = i
@@ -119,10 +133,8 @@ class AdaptiveSparseRS(AdaptiveSparseRSParameters, AdaptivePGD):
         out = torch.where(was_found[:, None, None], found, current)
         return AdaptiveResult(out.view_as(x), was_found, first)
 
-    def resampled(self, iteration: int, n: int) -> int:
+    def resampled(self, iteration: int, free: int) -> int:
         """How many of the ``k`` pixels move at iteration ``i`` (0 = the first move):
         :func:`~bayesgate.attacks.methods.sparse_rs.resampled_count` over ``steps`` queries, at
-        most the ``n − k`` pixels outside the set."""
-        return min(
-            resampled_count(self.alpha_init, iteration, self.steps, self.pixels), n - self.pixels
-        )
+        most the ``free`` positions outside the set (``n − k``, or fewer in a region)."""
+        return min(resampled_count(self.alpha_init, iteration, self.steps, self.pixels), free)

@@ -24,6 +24,7 @@ from bayesgate.attacks.adaptive_settings import (
     radius_check,
 )
 from bayesgate.attacks.detect_settings import EvalSettings
+from bayesgate.attacks.methods.parameters import SPARSE_REGIONS
 from bayesgate.attacks.ood_names import OOD_NAMES
 from bayesgate.attacks.specs import spec_needs
 from bayesgate.errors import InvalidArgument, check_at_least, writable_dir
@@ -152,6 +153,14 @@ def _register_adaptive_eval(sub: argparse._SubParsersAction) -> None:
         default=d.restarts,
         help="with --optimizer apgd: runs from new random starts on the digits not yet found",
     )
+    p.add_argument(
+        "--region",
+        choices=SPARSE_REGIONS,
+        default=d.region,
+        help="with --optimizer sparse-rs: where the pixels go — anywhere, or only on the digit's "
+        "strokes and their one-pixel border (clumps with the strokes, which a median filter "
+        "keeps)",
+    )
     p.set_defaults(
         func=cmd_adaptive_eval,
         on_interrupt="every finished attack's images are cached: run the same command again to "
@@ -264,9 +273,10 @@ def cmd_adaptive_eval(args: argparse.Namespace) -> int:
             cache_dir=args.cache_dir,
             optimizer=args.optimizer,
             restarts=args.restarts,
+            region=args.region,
         )
     except ValueError as exc:
-        given = f"--optimizer {args.optimizer} --restarts {args.restarts}"
+        given = f"--optimizer {args.optimizer} --restarts {args.restarts} --region {args.region}"
         raise InvalidArgument(f"{given}: {exc}") from None
     from bayesgate.attacks.adaptive_eval import (  # torch: after the checks
         adaptive_paths,

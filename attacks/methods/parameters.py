@@ -404,6 +404,11 @@ class SLIDEParameters(AttackParameters):
         return f"SLIDE L1 ε={self.eps:g}"
 
 
+SPARSE_REGIONS = ("anywhere", "strokes")
+"""Where a Sparse-RS search may place its pixels: every position, or the digit's strokes and
+their one-pixel border (:func:`bayesgate.attacks.methods.sparse_rs.near_strokes`)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class SparseRSParameters(AttackParameters):
     """Of :class:`~bayesgate.attacks.methods.sparse_rs.SparseRS`, the black-box L0 Sparse-RS

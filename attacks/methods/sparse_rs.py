@@ -51,6 +51,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from bayesgate.attacks.methods.base import Attack, AttackInput
 from bayesgate.attacks.methods.parameters import SparseRSParameters
@@ -110,25 +111,52 @@ def resampled_count(alpha_init: float, iteration: int, budget: int, k: int) -> i
     return max(1, round(p_schedule(alpha_init, iteration, budget) * k))
 
 
+def near_strokes(x: torch.Tensor, k: int, level: float = 0.5) -> torch.Tensor:
+    """The positions within one pixel (8-neighbourhood) of a stroke of ``x`` (B×C×H×W): the 3×3
+    dilation of ``{p : max_c x_{c,p} > level}``, flattened to B×n bool — the stroke and its
+    border. An image whose region has ``k`` positions or fewer (a blank image) gets every
+    position instead, so ``k`` pixels and a move always fit."""
+    if x.dim() != 4:
+        raise ValueError("the stroke region needs B×C×H×W images")
+    stroke = (x > level).any(dim=1, keepdim=True).to(x.dtype)
+    region = (F.max_pool2d(stroke, 3, stride=1, padding=1) > 0).flatten(1)
+    return region | (region.sum(dim=1, keepdim=True) <= k)
+
+
+def free_positions(n: int, k: int, allowed: torch.Tensor | None) -> int:
+    """How many positions lie outside a set of ``k`` in every image: ``n − k``, or the fewest
+    allowed positions of any image (``allowed``: B×n bool) minus ``k`` — the most a move may
+    take in."""
+    return n - k if allowed is None else int(allowed.sum(dim=1).min()) - k
+
+
 def random_start(
-    x: torch.Tensor, k: int, rng: torch.Generator
+    x: torch.Tensor, k: int, rng: torch.Generator, allowed: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sparse-RS's start: ``k`` positions per image drawn uniformly, each set to a random value
-    in {0, 1} per channel. ``x``: B×C×n; returns the images (B×C×n) and their sets (B×n bool)."""
+    """Sparse-RS's start: ``k`` positions per image drawn uniformly (among ``allowed``, B×n bool,
+    if given), each set to a random value in {0, 1} per channel. ``x``: B×C×n; returns the images
+    (B×C×n) and their sets (B×n bool)."""
     chosen = torch.zeros(x.shape[0], x.shape[2], dtype=torch.bool, device=x.device)
-    where = _pick(~chosen, k, rng)
+    where = _pick(~chosen if allowed is None else allowed, k, rng)
     start = _place(x.clone(), where, _extremes(x, k, rng))
     return start, chosen.scatter_(1, where, True)
 
 
 def swap(
-    x: torch.Tensor, current: torch.Tensor, chosen: torch.Tensor, count: int, rng: torch.Generator
+    x: torch.Tensor,
+    current: torch.Tensor,
+    chosen: torch.Tensor,
+    count: int,
+    rng: torch.Generator,
+    allowed: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One Sparse-RS move per image: ``count`` positions drawn uniformly from the set ``chosen``
     (B×n bool) go back to the clean ``x``, ``count`` positions drawn uniformly from outside it
-    enter it with random values in {0, 1} per channel. ``x``, ``current``: B×C×n; returns the
-    candidate (B×C×n) and its set (B×n bool), ``current`` and ``chosen`` left alone."""
-    back, out = _pick(chosen, count, rng), _pick(~chosen, count, rng)
+    (and inside ``allowed``, B×n bool, if given) enter it with random values in {0, 1} per
+    channel. ``x``, ``current``: B×C×n; returns the candidate (B×C×n) and its set (B×n bool),
+    ``current`` and ``chosen`` left alone."""
+    outside = ~chosen if allowed is None else allowed & ~chosen
+    back, out = _pick(chosen, count, rng), _pick(outside, count, rng)
     candidate = _place(current.clone(), back, x.gather(2, _channels(back, x)))
     _place(candidate, out, _extremes(x, count, rng))
     in_set = chosen.clone().scatter_(1, back, False).scatter_(1, out, True)

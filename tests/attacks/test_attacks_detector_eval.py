@@ -22,6 +22,7 @@ from bayesgate.attacks.adaptive_eval import (
     evaluate_adaptive,
 )
 from bayesgate.attacks.detector_fit import FitSettings, fit_detector
+from bayesgate.attacks.methods.sparse_rs import near_strokes
 from bayesgate.attacks.metrics import auroc
 from bayesgate.attacks.ood import ood_images
 from bayesgate.attacks.run import mc_predictions
@@ -263,6 +264,29 @@ def test_evaluate_adaptive_with_sparse_rs(detector_dir: Path, tmp_path: Path) ->
     assert "30 queries per image, no gradients; **ε is the number of pixels k**" in adaptive_table(
         result
     )
+
+
+def test_evaluate_adaptive_sparse_rs_on_the_strokes(detector_dir: Path, tmp_path: Path) -> None:
+    settings = AdaptiveSettings(
+        eps=(8.0,), weights=(1.0,), steps=20, limit=20, k_attack=5, k=20, cache_dir=tmp_path,
+        optimizer="sparse-rs", region="strokes",
+    )  # fmt: skip
+    result = evaluate_adaptive(load_model(detector_dir), load_detector(detector_dir), settings)
+    assert [r["attack"] for r in result["rows"]] == [
+        "plain Sparse-RS (strokes)", "adaptive Sparse-RS (strokes) λ=1",
+    ]  # fmt: skip
+    assert result["region"] == "strokes"
+    assert "pixels set to 0 or 1 on the digit's strokes and their one-pixel border only" in (
+        adaptive_table(result)
+    )
+    x, _ = load_mnist("test", limit=20)
+    region = near_strokes(x, k=8)
+    caches = sorted(tmp_path.rglob("*-sparse-rs-strokes*.npz"))
+    assert len(caches) == 2
+    for path in caches:
+        with np.load(path, allow_pickle=False) as data:
+            changed = (torch.from_numpy(data["x_adv"]) != x).flatten(1)
+        assert int(changed.sum()) > 0 and not bool((changed & ~region).any())
 
 
 # --- detect-eval ---------------------------------------------------------------------------------
