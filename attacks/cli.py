@@ -36,7 +36,13 @@ from bayesgate.attacks.specs import (
 from bayesgate.attacks.sweep_append import fit_to_earlier, print_notes
 from bayesgate.errors import InvalidArgument, check_at_least, writable_dir, writable_file
 from bayesgate.extras import Need
-from bayesgate.models.device import DEVICE_CHOICES, add_threads_flag, pick_device, set_threads
+from bayesgate.models.device import (
+    DEFAULT_DEVICE,
+    DEVICE_CHOICES,
+    add_threads_flag,
+    pick_device,
+    set_threads,
+)
 from bayesgate.models.mc.options import SCORE_NAMES
 from bayesgate.models.store.bundled import READ_MODEL_HELP, ModelsToRead, model_to_read
 from bayesgate.models.store.own_files import (
@@ -66,7 +72,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of dropout masks and random starts")
     p.add_argument("--batch-size", type=int, default=100, help="images per attack batch")
-    p.add_argument("--device", default="auto", help=f"one of {', '.join(DEVICE_CHOICES)}")
+    p.add_argument("--device", default=DEFAULT_DEVICE, help=f"one of {', '.join(DEVICE_CHOICES)}")
     add_threads_flag(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 

@@ -30,7 +30,13 @@ from bayesgate.attacks.specs import spec_needs
 from bayesgate.errors import InvalidArgument, check_at_least, writable_dir
 from bayesgate.extras import Need
 from bayesgate.listflags import list_flag
-from bayesgate.models.device import DEVICE_CHOICES, add_threads_flag, pick_device, set_threads
+from bayesgate.models.device import (
+    DEFAULT_DEVICE,
+    DEVICE_CHOICES,
+    add_threads_flag,
+    pick_device,
+    set_threads,
+)
 from bayesgate.models.store.bundled import READ_MODEL_HELP, model_to_read
 from bayesgate.outputs import note_replacing
 
@@ -54,7 +60,7 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="where adversarial examples are cached, kept across runs and --out folders "
         "(default: detect-eval/ in the user cache, ~/.cache/bayesgate/detect-eval)",
     )
-    p.add_argument("--device", default="auto", help=f"one of {', '.join(DEVICE_CHOICES)}")
+    p.add_argument("--device", default=DEFAULT_DEVICE, help=f"one of {', '.join(DEVICE_CHOICES)}")
     add_threads_flag(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 

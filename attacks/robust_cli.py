@@ -22,7 +22,13 @@ from bayesgate.attacks.robust_settings import ROBUST_ATTACKS, RobustSettings
 from bayesgate.errors import InvalidArgument, check_at_least, writable_dir
 from bayesgate.extras import Need
 from bayesgate.listflags import list_flag
-from bayesgate.models.device import add_threads_flag, pick_device, set_threads
+from bayesgate.models.device import (
+    DEFAULT_DEVICE,
+    DEVICE_CHOICES,
+    add_threads_flag,
+    pick_device,
+    set_threads,
+)
 from bayesgate.models.store.bundled import ModelsToRead
 from bayesgate.models.store.files import CARD_FILE
 from bayesgate.models.store.own_files import check_distinct_models
@@ -78,7 +84,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="images per attack batch")
     p.add_argument("--seed", type=int, default=d.seed, help="seed of masks and random starts")
     add_threads_flag(p)
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--device", default=DEFAULT_DEVICE, help=f"one of {', '.join(DEVICE_CHOICES)}")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     # its attacks (PGD with restarts, APGD) are our own; only the plot needs an extra
     p.set_defaults(func=cmd_evaluate_robust, needs=lambda args: [Need("matplotlib", "the plot")])

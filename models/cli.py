@@ -28,7 +28,13 @@ from bayesgate.errors import (
 )
 from bayesgate.models import adversarial_cli
 from bayesgate.models.data.splits import DEFAULT_VAL_SIZE
-from bayesgate.models.device import DEVICE_CHOICES, add_threads_flag, pick_device, set_threads
+from bayesgate.models.device import (
+    DEFAULT_DEVICE,
+    DEVICE_CHOICES,
+    add_threads_flag,
+    pick_device,
+    set_threads,
+)
 from bayesgate.models.networks.presets import SAMPLING_MODES, preset_architecture, preset_names
 from bayesgate.models.store import bundled
 from bayesgate.models.store.bundled import READ_MODEL_HELP, resolve_model_dir
@@ -207,7 +213,7 @@ def _run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--limit", type=int, default=None, help="train on the first N training images only"
     )
-    p.add_argument("--device", default="auto", help=f"one of {', '.join(DEVICE_CHOICES)}")
+    p.add_argument("--device", default=DEFAULT_DEVICE, help=f"one of {', '.join(DEVICE_CHOICES)}")
     p.add_argument("--name", default=None, help="model name (default: preset-alphaA)")
     p.add_argument("--out", type=Path, default=None, help="model directory (default runs/NAME)")
     p.add_argument(
@@ -254,7 +260,7 @@ def _add_evaluate_parser(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--limit", type=int, default=None, help="first N images of the split only")
     e.add_argument("--batch-size", type=int, default=500, help="images per MC batch")
     e.add_argument("--seed", type=int, default=0, help="seed of the dropout masks")
-    e.add_argument("--device", default="auto", help=f"one of {', '.join(DEVICE_CHOICES)}")
+    e.add_argument("--device", default=DEFAULT_DEVICE, help=f"one of {', '.join(DEVICE_CHOICES)}")
     add_threads_flag(e)
     e.add_argument("--write-card", action="store_true", help="store the metrics in the model card")
     e.add_argument("--json", type=Path, default=None, help="also write the metrics to this file")

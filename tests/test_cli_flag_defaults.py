@@ -1,7 +1,8 @@
-"""The defaults that ``bayesgate predict``, ``serve`` and ``fit-detector`` state in ``--help`` are
-the ones that run: each flag's default equals the default of what the command calls — the
-settings dataclass, the pydantic settings, the function's keyword — read here from that side,
-not from the shared constant, so a change of either side alone fails."""
+"""The defaults that ``bayesgate predict``, ``serve`` and ``fit-detector`` (and the ``--device`` of
+``train``, ``evaluate``, ``attack``, ``calibrate``, ``sweep`` and ``evaluate-robust``) state in
+``--help`` are the ones that run: each flag's default equals the default of what the command
+calls — the settings dataclass, the pydantic settings, the function's keyword — read here from
+that side, not from the shared constant, so a change of either side alone fails."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 
 from bayesgate import cli
 from bayesgate.attacks.fit_settings import FitSettings
-from bayesgate.models.device import pick_device
+from bayesgate.models.device import DEVICE_CHOICES, pick_device
 from bayesgate.service.gate import Gate
 from bayesgate.service.settings import Settings
 
@@ -52,8 +53,25 @@ def test_fit_detector_flags_default_to_fit_settings(field: str) -> None:
     assert _parser_default("fit-detector", field) == declared
 
 
+# every command below passes its --device to pick_device (attack, calibrate and sweep share
+# attacks/cli.py's flags; train and evaluate, models/cli.py's; detect-eval and adaptive-eval,
+# evaluate_cli.py's)
+PICK_DEVICE_COMMANDS = (
+    "fit-detector",
+    "train",
+    "evaluate",
+    "attack",
+    "calibrate",
+    "sweep",
+    "evaluate-robust",
+    "detect-eval",
+    "adaptive-eval",
+)
 DECLARED: list[tuple[str, str, Callable[[], Any]]] = [
-    ("fit-detector", "device", lambda: _keyword_default(pick_device, "preference")),
+    *[
+        (command, "device", lambda: _keyword_default(pick_device, "preference"))
+        for command in PICK_DEVICE_COMMANDS
+    ],
     ("predict", "device", lambda: _keyword_default(pick_device, "preference")),
     ("predict", "device", lambda: _keyword_default(Gate.load, "device")),
     ("predict", "batch_size", lambda: _keyword_default(Gate.chunks, "batch_size")),
@@ -72,6 +90,13 @@ def test_flag_default_is_the_declared_one(
     command: str, dest: str, declared: Callable[[], Any]
 ) -> None:
     assert _parser_default(command, dest) == declared()
+
+
+@pytest.mark.parametrize("command", [*PICK_DEVICE_COMMANDS, "predict"])
+def test_device_help_lists_the_choices(command: str) -> None:
+    """``--device`` lists the values :func:`pick_device` takes (besides ``cuda:N``)."""
+    help_text = _action(command, "device").help or ""
+    assert f"one of {', '.join(DEVICE_CHOICES)}" in help_text
 
 
 SERVE_HELP = {  # serve's flags default to None (the environment, then Settings): --help names both
