@@ -32,13 +32,13 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+# the verdict's masks are drawn apart from every attack's, with adaptive-eval's verdict offset
+from bayesgate.attacks.adaptive_eval import EVAL_SEED_OFFSET
 from bayesgate.attacks.methods import APGD, Attack, PGDRestarts
 from bayesgate.attacks.model_fn import frozen_parameters, log_predictive_fn
 from bayesgate.attacks.robust_settings import RobustSettings
 from bayesgate.models.mc.engine import mc_predict
 from bayesgate.outputs import write_atomically
-
-EVAL_SEED_OFFSET = 1_000_003  # the verdict's masks are drawn apart from every attack's
 
 
 def attacks_at(eps: float, settings: RobustSettings) -> dict[str, Attack]:

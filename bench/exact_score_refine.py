@@ -19,7 +19,7 @@ the verdict's). Refined: the eligible digits (clean verdict right) that the atta
 misclassified on average, or within κ of it — the ones left to push through the flag.
 
 The verdict is ``adaptive-eval``'s own (:func:`bayesgate.attacks.adaptive_eval.judge`, masks seeded
-``seed + 1_000_003``, all ``--limit`` digits in one pass), before and after: so the "before"
+``seed + EVAL_SEED_OFFSET``, all ``--limit`` digits in one pass), before and after: so the "before"
 row reproduces ``adaptive-eval``'s published one.
 
     python bench/exact_score_refine.py --eps 0.3 --queries 1000 \\
@@ -46,7 +46,6 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "models" / "pretrained" / "bayesgate-robust"
 KAPPA, DELTA, WEIGHT = 1.0, 0.5, 1.0
-EVAL_SEED_OFFSET = 1_000_003  # adaptive-eval's verdict seed: settings.seed + this
 REFINE_P_INIT = 0.05  # a refinement's first squares: 5 % of the image
 SCRATCH_P_INIT = 0.3  # from scratch, Square's own default (attacks/methods/square.py)
 
@@ -131,7 +130,7 @@ def verdict_counts(verdict: dict[str, np.ndarray], eligible: np.ndarray) -> dict
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from bayesgate.attacks.adaptive_eval import _detector_tag, judge
+    from bayesgate.attacks.adaptive_eval import EVAL_SEED_OFFSET, _detector_tag, judge
     from bayesgate.attacks.detect_eval import default_cache_dir
     from bayesgate.models.data.mnist import load_mnist
     from bayesgate.models.detection import load_detector

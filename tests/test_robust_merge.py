@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from bench_scripts import load_bench
 
 SETTINGS = {"eps": [0.1, 0.3], "n": 10, "attacks": ["pgd"], "pgd_steps": 100, "restarts": 5,
@@ -48,3 +49,45 @@ def test_two_runs_make_one_table_and_different_settings_are_refused(tmp_path: Pa
     paths[1].write_text(json.dumps(b))
     assert merge.main([*map(str, paths), "--out", str(tmp_path / "refused")]) == 2
     assert not (tmp_path / "refused").exists()
+
+
+def _write(tmp_path: Path, name: str, run: dict) -> str:
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(run))
+    return str(path)
+
+
+def test_a_model_in_two_inputs_is_refused_naming_it_and_both_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without the check the merged table would have two rows called ``robust``."""
+    merge = _module()
+    first = _write(tmp_path, "first", _run("robust", (0.9, 0.8), None))
+    second = _write(tmp_path, "second", _run("robust", (0.9, 0.7), None))
+    assert merge.main([first, second, "--out", str(tmp_path / "refused")]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("robust_merge: model 'robust' is in both ")
+    assert f"{first} and {second}" in line
+    assert not (tmp_path / "refused").exists()
+
+
+def test_the_same_weights_under_two_names_are_refused() -> None:
+    merge = _module()
+    a, b = _run("robust", (0.9, 0.8), None), _run("robust-again", (0.9, 0.8), None)
+    a["models"][0]["weights_sha256"] = b["models"][0]["weights_sha256"] = "ab" * 32
+    with pytest.raises(ValueError, match=r"'robust' \(a\.json\) and 'robust-again' \(b\.json\)"):
+        merge.merge([a, b], ["a.json", "b.json"])
+    b["models"][0]["weights_sha256"] = "cd" * 32  # other weights, other name: two models
+    assert [m["name"] for m in merge.merge([a, b])["models"]] == ["robust", "robust-again"]
+
+
+def test_the_very_same_row_twice_is_kept_once() -> None:
+    """The same run's file given twice (or a merged file with one of its inputs): one row each,
+    where it first appears; the rows' key order does not matter."""
+    merge = _module()
+    a, b = _run("plain", (0.6, 0.0), None), _run("robust", (0.9, 0.8), None)
+    reordered = {key: a["models"][0][key] for key in reversed(list(a["models"][0]))}
+    both = {"settings": dict(SETTINGS), "models": [reordered, *b["models"]]}
+    merged = merge.merge([a, both, a])
+    assert [m["name"] for m in merged["models"]] == ["plain", "robust"]
+    assert merged["models"][0] is a["models"][0]
