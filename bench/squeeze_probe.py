@@ -3,7 +3,8 @@ against the L0 attacks that get through it — the detector-blind images ``adapt
 and an informed Sparse-RS that knows both flags.
 
     python bench/squeeze_probe.py MODEL_DIR --limit N --images A.npz … [--attack-limit M] \
-        [--weights 1] [--steps 1000] [--fpr 0.01] [--json OUT]
+        [--weights 1] [--steps 1000] [--pixels 10] [--region anywhere|strokes] [--requery N] \
+        [--fpr 0.01] [--json OUT]
 
 The squeezer is a 3×3 median filter (zero padding: the MNIST background), which removes isolated
 pixels. Its score is the L1 distance between the MC predictive means of the image and of its
@@ -18,11 +19,16 @@ union's clean FPR is at most the fused flag's plus ``fpr``; measured on the test
    per file, the digits misclassified and not flagged by the fused flag alone and by the union,
    judged as ``adaptive-eval`` judges (masks seeded ``seed + 1_000_003``, K = the detector's).
 3. The informed attacker against the union, on the first ``--attack-limit`` digits:
-   :class:`~bayesgate.attacks.adaptive_sparse_rs.AdaptiveSparseRS` (k = 10, ``--steps``
-   queries, λ from ``--weights``) on the combined score
+   :class:`~bayesgate.attacks.adaptive_sparse_rs.AdaptiveSparseRS` (k = ``--pixels``,
+   ``--steps`` queries, λ from ``--weights``, pixels anywhere or with ``--region strokes`` only
+   on the digit's strokes and their one-pixel border — clumps with the strokes, which the median
+   keeps) on the combined score
    ``c(x) = max(s(x) − t_s, a·(q(x) − t_q))`` with threshold 0 (``a = 1/t_q`` puts both margins in
    units of their thresholds), ``q`` from a second K = 10 draw on the squeezed image; with λ = 0
-   the plain search. Judged on the fresh draw as above.
+   the plain search. Judged on the fresh draw as above; with ``--requery N`` also by the
+   re-sending attacker: a digit counts when at least one of ``N`` draws (seeds ``seed +
+   1_000_003 + d``, ``d < N``; ``d = 0`` is the single-shot verdict) is misclassified and
+   unflagged.
 
 What it is not: a defence claim. The squeezer also changes clean predictions (reported), and an
 attacker who places pixels in clumps the median keeps is exactly what step 3 is for; its numbers
@@ -42,6 +48,8 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from bayesgate.attacks.methods.parameters import SPARSE_REGIONS
 
 
 def median3(x: torch.Tensor) -> torch.Tensor:
@@ -98,6 +106,29 @@ def through(clean: dict[str, np.ndarray], adv: dict[str, np.ndarray]) -> dict[st
     }
 
 
+def requeried(
+    network: Any, detector: Any, x: torch.Tensor, y: torch.Tensor, k: int, seed: int, t_q: float,
+    clean: dict[str, np.ndarray], draws: int,
+) -> dict[str, int]:  # fmt: skip
+    """:func:`through` for the re-sending attacker: digits right clean that at least one of
+    ``draws`` MC draws (seeds ``seed + d``) sees misclassified and unflagged."""
+    mis = np.zeros(x.shape[0], dtype=bool)
+    fused = np.zeros(x.shape[0], dtype=bool)
+    union = np.zeros(x.shape[0], dtype=bool)
+    for d in range(draws):
+        adv = verdicts(network, detector, x, y, k, seed + d, t_q)
+        wrong = clean["correct"] & ~adv["correct"]
+        mis |= wrong
+        fused |= wrong & ~adv["fused"]
+        union |= wrong & ~adv["fused"] & ~adv["squeeze"]
+    return {
+        "draws": draws,
+        "misclassified": int(mis.sum()),
+        "through_fused": int(fused.sum()),
+        "through_union": int(union.sum()),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     from bayesgate.models.store.bundled import model_to_read
 
@@ -108,6 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attack-limit", type=int, default=0, help="digits attacked (0: none)")
     parser.add_argument("--weights", type=float, nargs="+", default=[1.0])
     parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--pixels", type=int, default=10, help="the attack's k (L0 budget)")
+    parser.add_argument("--region", choices=SPARSE_REGIONS, default="anywhere",
+                        help="where the attack's pixels go")  # fmt: skip
+    parser.add_argument("--requery", type=int, default=1, help="draws the re-sender tries")
     parser.add_argument("--val", type=int, default=2000, help="validation digits for t_q")
     parser.add_argument("--fpr", type=float, default=0.01, help="the squeeze flag's own FPR")
     parser.add_argument("--seed", type=int, default=0)
@@ -116,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.limit < 1 or args.val < 1 or not 0 < args.fpr < 1 or args.attack_limit < 0:
         parser.error("--limit, --val ≥ 1, --fpr in (0, 1), --attack-limit ≥ 0")
+    if args.requery < 1 or not 1 <= args.pixels < 784 or args.attack_limit > args.limit:
+        parser.error("--requery ≥ 1, --pixels in [1, 784), --attack-limit ≤ --limit")
     for path in args.images:
         if not path.is_file():
             parser.error(f"--images: no file {path}")
@@ -162,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     n = args.attack_limit
     for weight in args.weights if n else []:
         started = time.perf_counter()
-        attack = AdaptiveSparseRS(eps=10, steps=args.steps, weight=weight)
+        attack = AdaptiveSparseRS(
+            eps=args.pixels, steps=args.steps, weight=weight, region=args.region
+        )
         score_fn = combined_score_fn(
             net, detector, k, t_q, torch.Generator().manual_seed(args.seed)
         )
@@ -176,8 +215,12 @@ def main(argv: list[str] | None = None) -> int:
         x_adv = torch.cat(chunks)
         sub = {key: value[:n] for key, value in clean.items()}
         adv = verdicts(net, detector, x_adv, y[:n], k, seed, t_q)
-        row = {"weight": weight, "digits": n, "eligible": int(sub["correct"].sum()),
-               **through(sub, adv), "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
+        row = {"weight": weight, "pixels": args.pixels, "region": args.region, "digits": n,
+               "eligible": int(sub["correct"].sum()), **through(sub, adv),
+               "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
+        if args.requery > 1:
+            row["requery"] = requeried(net, detector, x_adv, y[:n], k, seed, t_q, sub,
+                                       args.requery)  # fmt: skip
         result["attacks"].append(row)
         print(json.dumps(row), file=sys.stderr)
     result["command"] = "python bench/squeeze_probe.py " + " ".join(argv or sys.argv[1:])

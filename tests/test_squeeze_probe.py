@@ -65,3 +65,51 @@ def test_a_missing_images_file_is_one_usage_error(tmp_path: Path, capsys) -> Non
         bench.main(["bayesgate-cnn", "--images", str(missing)])
     assert exit_.value.code == 2
     assert f"--images: no file {missing}" in capsys.readouterr().err
+
+
+def test_the_re_sender_counts_at_least_the_single_shot_and_one_draw_is_it(
+    tmp_path: Path, mnist_root: Path, monkeypatch
+) -> None:
+    monkeypatch.setenv("BAYESGATE_DATA_DIR", str(mnist_root))
+    bench = load_bench("squeeze_probe")
+    out = tmp_path / "probe.json"
+    argv = ["bayesgate-cnn", "--limit", "12", "--val", "40", "--fpr", "0.1", "--attack-limit",
+            "12", "--steps", "10", "--pixels", "12", "--weights", "0", "--region", "strokes",
+            "--requery", "4", "--json", str(out)]  # fmt: skip
+    assert bench.main(argv) == 0
+    (row,) = json.loads(out.read_text())["attacks"]
+    assert (row["pixels"], row["region"], row["requery"]["draws"]) == (12, "strokes", 4)
+    for key in ("misclassified", "through_fused", "through_union"):
+        assert row[key] <= row["requery"][key] <= row["eligible"]
+
+    from bayesgate.models.data.mnist import load_mnist
+    from bayesgate.models.detection.store import load_detector
+    from bayesgate.models.store.bundled import model_to_read
+    from bayesgate.models.store.directory import load_model
+
+    model = model_to_read("bayesgate-cnn")
+    loaded = load_model(model)
+    detector = load_detector(model, loaded.card.weights_sha256)
+    x, y = load_mnist("test", limit=12)
+    k = int(detector.k)
+    clean = bench.verdicts(loaded.network, detector, x, y, k, 5, 0.1)
+    noisy = (x + 0.7 * torch.rand(x.shape, generator=torch.Generator().manual_seed(0))).clamp(0, 1)
+    adv = bench.verdicts(loaded.network, detector, noisy, y, k, 5, 0.1)
+    once = bench.requeried(loaded.network, detector, noisy, y, k, 5, 0.1, clean, 1)
+    assert once == {"draws": 1, **bench.through(clean, adv)}
+    draws = [bench.verdicts(loaded.network, detector, noisy, y, k, 5 + d, 0.1) for d in range(4)]
+    wrong = [clean["correct"] & ~v["correct"] for v in draws]
+    expected = {
+        "draws": 4,
+        "misclassified": int(np.logical_or.reduce(wrong).sum()),
+        "through_fused": int(
+            np.logical_or.reduce([w & ~v["fused"] for w, v in zip(wrong, draws, strict=True)]).sum()
+        ),
+        "through_union": int(
+            np.logical_or.reduce(
+                [w & ~v["fused"] & ~v["squeeze"] for w, v in zip(wrong, draws, strict=True)]
+            ).sum()
+        ),
+    }
+    assert bench.requeried(loaded.network, detector, noisy, y, k, 5, 0.1, clean, 4) == expected
+    assert expected["misclassified"] > once["misclassified"]  # the new draws add digits
