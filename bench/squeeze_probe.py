@@ -213,7 +213,10 @@ def main(argv: list[str] | None = None) -> int:
             chunks.append(attack(score_fn, x[i : min(i + 100, n)], y[i : min(i + 100, n)], 0.0,
                                  generator=start_rng).x_adv)  # fmt: skip
         x_adv = torch.cat(chunks)
-        sub = {key: value[:n] for key, value in clean.items()}
+        # the clean verdict of the attacked digits on a draw of the same size as the attacked
+        # verdict's (an MC draw's masks depend on the batch: the first n of the --limit draw
+        # would be another draw)
+        sub = clean if n == args.limit else verdicts(net, detector, x[:n], y[:n], k, seed, t_q)
         adv = verdicts(net, detector, x_adv, y[:n], k, seed, t_q)
         row = {"weight": weight, "pixels": args.pixels, "region": args.region, "digits": n,
                "eligible": int(sub["correct"].sum()), **through(sub, adv),
