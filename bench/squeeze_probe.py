@@ -11,7 +11,11 @@ pixels. Its score is the L1 distance between the MC predictive means of the imag
 squeezed copy, ``q(x) = ‖p̄(·|x) − p̄(·|median₃(x))‖₁`` (Xu et al.'s detection score), each mean
 from one K-pass draw. An image is flagged when the served fused flag is up **or** ``q`` exceeds
 ``t_q``, the ``1 − fpr`` quantile of ``q`` on the first ``--val`` validation digits (so the
-union's clean FPR is at most the fused flag's plus ``fpr``; measured on the test digits).
+union's clean FPR is at most the fused flag's plus ``fpr``; measured on the test digits). With
+``--shared-fpr T`` the two flags share one budget instead — the min-p rule over the two scores
+(:func:`shared_thresholds`): both at the same validation level, the union flagging ``T`` of the
+validation digits — as a served version would have to (the fused flag alone spends the budget
+today); every verdict below then uses those two thresholds, the attacker's included.
 
 1. Clean: the first ``--limit`` test digits, how often each flag and the union are up.
 2. ``--images``: ``adaptive-eval`` cache files of at least those digits (their first ``--limit``
@@ -64,28 +68,58 @@ def squeeze_distance(mean: torch.Tensor, squeezed_mean: torch.Tensor) -> torch.T
 
 
 def verdicts(
-    network: Any, detector: Any, x: torch.Tensor, y: torch.Tensor, k: int, seed: int, t_q: float
-) -> dict[str, np.ndarray]:
-    """Served prediction right, fused flag, squeeze flag (and ``q``) of one K-pass draw each."""
+    network: Any, detector: Any, x: torch.Tensor, y: torch.Tensor, k: int, seed: int, t_q: float,
+    t_s: float | None = None,
+) -> dict[str, np.ndarray]:  # fmt: skip
+    """Served prediction right, fused flag (score above ``t_s``, default the served threshold),
+    squeeze flag (``q`` above ``t_q``), and both scores, of one K-pass draw each."""
     from bayesgate.attacks.adaptive_eval import served_draw
+
+    t_s = float(detector.threshold) if t_s is None else t_s
 
     mean, score = served_draw(network, detector, x, k, seed)
     squeezed, _ = served_draw(network, detector, median3(x), k, seed)
     q = squeeze_distance(mean, squeezed).numpy()
     return {
         "correct": (mean.argmax(dim=1) == y).numpy(),
-        "fused": score > float(detector.threshold),
+        "fused": score > t_s,
         "squeeze": q > t_q,
+        "score": score,
         "q": q,
     }
 
 
-def combined_score_fn(model: Any, detector: Any, k: int, t_q: float, generator: Any) -> Any:
-    """``x ↦ (log p̄(·|x), max(s − t_s, (q − t_q)/t_q))`` for the adaptive attack (threshold 0)."""
+def shared_thresholds(
+    s_val: np.ndarray, q_val: np.ndarray, target: float
+) -> tuple[float, float, float]:
+    """``(t_s, t_q, a)``: both flags at the same per-score level ``a`` — ``t_s``, ``t_q`` the
+    ``1 − a`` quantiles of the clean validation scores — with ``a`` the largest level (found by
+    bisection, monotone) at which the union flags at most ``target`` of those digits. This is
+    the min-p rule over the two scores (flag when ``min(p_s, p_q) ≤ a``, ``p`` the fraction of
+    validation digits at least as suspicious): one clean-FPR budget for both."""
+
+    def at(level: float) -> tuple[float, float, float]:
+        t_s = float(np.quantile(s_val, 1 - level))
+        t_q = float(np.quantile(q_val, 1 - level))
+        return t_s, t_q, float(((s_val > t_s) | (q_val > t_q)).mean())
+
+    low, high = 0.0, target
+    for _ in range(40):
+        mid = (low + high) / 2
+        low, high = (mid, high) if at(mid)[2] <= target else (low, mid)
+    t_s, t_q, _ = at(low)
+    return t_s, t_q, low
+
+
+def combined_score_fn(
+    model: Any, detector: Any, k: int, t_q: float, generator: Any, t_s: float | None = None
+) -> Any:
+    """``x ↦ (log p̄(·|x), max(s − t_s, (q − t_q)/t_q))`` for the adaptive attack (threshold 0;
+    ``t_s`` default the served threshold)."""
     from bayesgate.attacks.adaptive_eval import detector_score_fn
 
     fn = detector_score_fn(model, detector, k, generator=generator)
-    t_s = float(detector.threshold)
+    t_s = float(detector.threshold) if t_s is None else t_s
 
     def score(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         log_p, s = fn(x)
@@ -108,7 +142,7 @@ def through(clean: dict[str, np.ndarray], adv: dict[str, np.ndarray]) -> dict[st
 
 def requeried(
     network: Any, detector: Any, x: torch.Tensor, y: torch.Tensor, k: int, seed: int, t_q: float,
-    clean: dict[str, np.ndarray], draws: int,
+    clean: dict[str, np.ndarray], draws: int, t_s: float | None = None,
 ) -> dict[str, int]:  # fmt: skip
     """:func:`through` for the re-sending attacker: digits right clean that at least one of
     ``draws`` MC draws (seeds ``seed + d``) sees misclassified and unflagged."""
@@ -116,7 +150,7 @@ def requeried(
     fused = np.zeros(x.shape[0], dtype=bool)
     union = np.zeros(x.shape[0], dtype=bool)
     for d in range(draws):
-        adv = verdicts(network, detector, x, y, k, seed + d, t_q)
+        adv = verdicts(network, detector, x, y, k, seed + d, t_q, t_s)
         wrong = clean["correct"] & ~adv["correct"]
         mis |= wrong
         fused |= wrong & ~adv["fused"]
@@ -145,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requery", type=int, default=1, help="draws the re-sender tries")
     parser.add_argument("--val", type=int, default=2000, help="validation digits for t_q")
     parser.add_argument("--fpr", type=float, default=0.01, help="the squeeze flag's own FPR")
+    parser.add_argument("--shared-fpr", type=float, default=None,
+                        help="one budget: both flags at one level, the union's validation FPR "
+                        "this (replaces the served threshold and --fpr)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None)
@@ -153,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--limit, --val ≥ 1, --fpr in (0, 1), --attack-limit ≥ 0")
     if args.requery < 1 or not 1 <= args.pixels < 784 or args.attack_limit > args.limit:
         parser.error("--requery ≥ 1, --pixels in [1, 784), --attack-limit ≤ --limit")
+    if args.shared_fpr is not None and not 0 < args.shared_fpr < 1:
+        parser.error(f"--shared-fpr must be in (0, 1), got {args.shared_fpr}")
     for path in args.images:
         if not path.is_file():
             parser.error(f"--images: no file {path}")
@@ -168,17 +207,24 @@ def main(argv: list[str] | None = None) -> int:
     detector = load_detector(args.model, loaded.card.weights_sha256)
     net, k, seed = loaded.network, int(detector.k), args.seed + EVAL_SEED_OFFSET
     x_val, y_val = load_mnist("val", limit=args.val)
-    q_val = verdicts(net, detector, x_val, y_val, k, seed, math.inf)["q"]
-    t_q = float(np.quantile(q_val, 1 - args.fpr))
+    val = verdicts(net, detector, x_val, y_val, k, seed, math.inf)
+    t_s, t_q, level = float(detector.threshold), float(np.quantile(val["q"], 1 - args.fpr)), None
+    if args.shared_fpr is not None:
+        t_s, t_q, level = shared_thresholds(val["score"], val["q"], args.shared_fpr)
     x, y = load_mnist("test", limit=args.limit)
-    clean = verdicts(net, detector, x, y, k, seed, t_q)
+    clean = verdicts(net, detector, x, y, k, seed, t_q, t_s)
     eligible = clean["correct"]
     squeezed_pred_changed = float((~verdicts(net, detector, median3(x), y, k, seed, t_q)["correct"]
                                    & eligible).mean())  # fmt: skip
     result: dict[str, Any] = {
         "model": loaded.card.name,
+        "t_s": t_s,
+        "t_s_served": float(detector.threshold),
         "t_q": t_q,
-        "fpr_target_squeeze": args.fpr,
+        "fpr_target_squeeze": args.fpr if level is None else None,
+        "shared_fpr": args.shared_fpr,
+        "shared_level": level,
+        "val_flagged_union": float(((val["score"] > t_s) | (val["q"] > t_q)).mean()),
         "val_digits": args.val,
         "test_digits": args.limit,
         "eligible": int(eligible.sum()),
@@ -194,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
             x_adv = torch.from_numpy(data["x_adv"])[: args.limit]
         if x_adv.shape != x.shape:
             raise SystemExit(f"{path}: {tuple(x_adv.shape)} images, --limit needs {tuple(x.shape)}")
-        adv = verdicts(net, detector, x_adv, y, k, seed, t_q)
+        adv = verdicts(net, detector, x_adv, y, k, seed, t_q, t_s)
         result["files"].append({"file": path.name, **through(clean, adv)})
     n = args.attack_limit
     for weight in args.weights if n else []:
@@ -203,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             eps=args.pixels, steps=args.steps, weight=weight, region=args.region
         )
         score_fn = combined_score_fn(
-            net, detector, k, t_q, torch.Generator().manual_seed(args.seed)
+            net, detector, k, t_q, torch.Generator().manual_seed(args.seed), t_s
         )
         for p in net.parameters():
             p.requires_grad_(False)
@@ -216,14 +262,14 @@ def main(argv: list[str] | None = None) -> int:
         # the clean verdict of the attacked digits on a draw of the same size as the attacked
         # verdict's (an MC draw's masks depend on the batch: the first n of the --limit draw
         # would be another draw)
-        sub = clean if n == args.limit else verdicts(net, detector, x[:n], y[:n], k, seed, t_q)
-        adv = verdicts(net, detector, x_adv, y[:n], k, seed, t_q)
+        sub = clean if n == args.limit else verdicts(net, detector, x[:n], y[:n], k, seed, t_q, t_s)
+        adv = verdicts(net, detector, x_adv, y[:n], k, seed, t_q, t_s)
         row = {"weight": weight, "pixels": args.pixels, "region": args.region, "digits": n,
                "eligible": int(sub["correct"].sum()), **through(sub, adv),
                "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
         if args.requery > 1:
             row["requery"] = requeried(net, detector, x_adv, y[:n], k, seed, t_q, sub,
-                                       args.requery)  # fmt: skip
+                                       args.requery, t_s)  # fmt: skip
         result["attacks"].append(row)
         print(json.dumps(row), file=sys.stderr)
     result["command"] = "python bench/squeeze_probe.py " + " ".join(argv or sys.argv[1:])

@@ -49,6 +49,7 @@ def test_a_small_run(tmp_path: Path, mnist_root: Path, monkeypatch) -> None:
             "6", "--steps", "8", "--weights", "0", "1", "--json", str(out)]  # fmt: skip
     assert bench.main(argv) == 0
     result = json.loads(out.read_text())
+    assert result["t_s"] == result["t_s_served"] and result["shared_level"] is None
     union = result["clean_flagged_union"]
     assert max(result["clean_flagged_fused"], result["clean_flagged_squeeze"]) <= union
     assert union <= result["clean_flagged_fused"] + result["clean_flagged_squeeze"]
@@ -113,3 +114,41 @@ def test_the_re_sender_counts_at_least_the_single_shot_and_one_draw_is_it(
     }
     assert bench.requeried(loaded.network, detector, noisy, y, k, 5, 0.1, clean, 4) == expected
     assert expected["misclassified"] > once["misclassified"]  # the new draws add digits
+
+
+def test_shared_thresholds_spend_one_budget_as_the_min_p_rule_does() -> None:
+    """Two independent continuous scores: the union of two level-``a`` flags flags
+    ``1 − (1 − a)²``, so one budget ``T`` puts each at ``a = 1 − √(1 − T)``; two identical scores
+    flag together, so each gets the whole ``T``."""
+    bench = load_bench("squeeze_probe")
+    rng = np.random.default_rng(0)
+    s, q = rng.normal(size=200_000), rng.exponential(size=200_000)
+    t_s, t_q, level = bench.shared_thresholds(s, q, 0.05)
+    assert level == pytest.approx(1 - np.sqrt(0.95), abs=5e-4)
+    union = ((s > t_s) | (q > t_q)).mean()
+    assert union <= 0.05 and union == pytest.approx(0.05, abs=5e-4)
+    assert (s > t_s).mean() == pytest.approx(level, abs=5e-4)
+    _, _, same = bench.shared_thresholds(s, s.copy(), 0.05)
+    assert same == pytest.approx(0.05, abs=5e-4)
+
+
+def test_a_shared_budget_out_of_range_is_one_usage_error(capsys) -> None:
+    bench = load_bench("squeeze_probe")
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["bayesgate-cnn", "--shared-fpr", "1.5"])
+    assert exit_.value.code == 2
+    assert "--shared-fpr must be in (0, 1), got 1.5" in capsys.readouterr().err
+
+
+def test_a_small_run_on_a_shared_budget(tmp_path: Path, mnist_root: Path, monkeypatch) -> None:
+    monkeypatch.setenv("BAYESGATE_DATA_DIR", str(mnist_root))
+    bench = load_bench("squeeze_probe")
+    out = tmp_path / "probe.json"
+    argv = ["bayesgate-cnn", "--limit", "30", "--val", "80", "--shared-fpr", "0.1",
+            "--attack-limit", "4", "--steps", "4", "--json", str(out)]  # fmt: skip
+    assert bench.main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["val_flagged_union"] <= 0.1 and 0 < result["shared_level"] <= 0.1
+    assert result["t_s"] != result["t_s_served"]  # the served threshold is replaced
+    (row,) = result["attacks"]
+    assert row["through_union"] <= row["through_fused"] <= row["misclassified"] <= 4
