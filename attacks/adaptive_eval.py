@@ -302,6 +302,17 @@ def write_adaptive(result: dict[str, Any], out: Path | str) -> dict[str, Path]:
 
 
 def _optimizer_text(result: dict[str, Any]) -> str:
+    if result.get("optimizer", "pgd") == "patch-rs":
+        sides = ", ".join(
+            f"{math.isqrt(int(k))}×{math.isqrt(int(k))} at ε = {k:g}"
+            for k in sorted({r["eps"] for r in result.get("rows", [])})
+        )
+        return (
+            "Patch-RS (random search over the location and the content of one square patch of "
+            f"pixels set to 0 or 1, Croce et al. 2022), {result['steps']} queries per image, no "
+            "gradients; **ε is the pixel budget k** (L0) here, spent on a patch of side ⌊√k⌋"
+            + (f" ({sides})" if sides else "")
+        )
     if result.get("optimizer", "pgd") == "sparse-rs":
         where = (
             " on the digit's strokes and their one-pixel border only"

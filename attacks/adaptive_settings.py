@@ -2,9 +2,9 @@
 
 - :func:`check_radius`, :func:`check_non_negative` — the range checks of radii, weights and
   margins, naming the flag or parameter;
-- :class:`AdaptivePGDParameters`, :class:`AdaptiveAPGDParameters` — the declarations the attacks
-  (:class:`bayesgate.attacks.adaptive.AdaptivePGD`,
-  :class:`bayesgate.attacks.adaptive_apgd.AdaptiveAPGD`, torch) are built on: fields, defaults,
+- :class:`AdaptivePGDParameters`, :class:`AdaptiveAPGDParameters`, … — the declarations the
+  attacks (:class:`bayesgate.attacks.adaptive.AdaptivePGD`,
+  :class:`bayesgate.attacks.adaptive_apgd.AdaptiveAPGD`, …, torch) are built on: fields, defaults,
   checks and step sizes; the attacks add only the computation;
 - :class:`AdaptiveSettings` — radii, detector weights, steps, subset and K of ``adaptive-eval``
   (:mod:`bayesgate.attacks.adaptive_eval`, torch), checked when made.
@@ -30,17 +30,22 @@ if TYPE_CHECKING:
 
 SCHEDULES = ("misclassify-first", "joint")
 """When the detector term of the loss counts (:mod:`bayesgate.attacks.adaptive`)."""
-OPTIMIZERS = ("pgd", "apgd", "slide", "sparse-rs")
+OPTIMIZERS = ("pgd", "apgd", "slide", "sparse-rs", "patch-rs")
 """What minimises the adaptive attack's loss: fixed ε/25 L∞ steps, Auto-PGD's schedule, sparse
-L1 steps (SLIDE; ε is then an L1 radius), or Sparse-RS's random search over which pixels to set
-to 0 or 1 (no gradient; ε is then the number of pixels, an L0 budget)."""
+L1 steps (SLIDE; ε is then an L1 radius), Sparse-RS's random search over which pixels to set
+to 0 or 1 (no gradient; ε is then the number of pixels, an L0 budget), or Sparse-RS's patch
+search over the location and the 0/1 content of one square patch (no gradient; ε is then the
+pixel budget k, the patch ⌊√k⌋×⌊√k⌋)."""
+
+RANDOM_SEARCHES = ("sparse-rs", "patch-rs")
+"""The optimizers that only query (no gradient), budgeted in queries and in pixels (L0)."""
 
 
 def default_steps(optimizer: str) -> int:
     """Steps per attack when none are given: 100 gradient steps, or 1000 queries per image for
-    ``sparse-rs`` (the detector-blind ``sparse-rs`` attack's default budget: a random search
-    needs many more queries than a gradient method needs steps)."""
-    return 1000 if optimizer == "sparse-rs" else 100
+    ``sparse-rs`` and ``patch-rs`` (the detector-blind ``sparse-rs`` attack's default budget: a
+    random search needs many more queries than a gradient method needs steps)."""
+    return 1000 if optimizer in RANDOM_SEARCHES else 100
 
 
 def check_radius(name: str, value: float) -> None:
@@ -229,10 +234,59 @@ class AdaptiveSparseRSParameters(AdaptivePGDParameters):
         return "-sparse-rs" if self.region == "anywhere" else f"-sparse-rs-{self.region}"
 
 
+@dataclass(frozen=True)
+class AdaptivePatchRSParameters(AdaptivePGDParameters):
+    """Of :class:`~bayesgate.attacks.adaptive_patch_rs.AdaptivePatchRS`:
+    :class:`AdaptivePGDParameters` with ``eps`` the pixel budget ``k`` (L0, as for Sparse-RS),
+    spent on one square patch of side ``s = ⌊√k⌋`` (:attr:`side`: ``s² ≤ k`` pixels change,
+    k = 10 gives 3×3; the authors round up, we keep the bound), each pixel of it 0 or 1 per
+    channel; ``steps`` the queries per image (the start included), searched by Sparse-RS's patch
+    moves (Croce et al. 2022): location moves, and content moves on a sub-square of side
+    ``max(⌊√α_i·s⌋, 1)``, ``α_i`` from ``alpha_init`` (0.4: the authors' untargeted patch value)
+    by their patch schedule. No step size: the moves have none."""
+
+    eps: float = 9.0
+    steps: int = 1000
+    alpha_init: float = 0.4
+
+    optimizer: ClassVar[str] = "patch-rs"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.step_size is not None:
+            raise InvalidArgument("Patch-RS has no step size (it moves a whole patch)")
+        if not (math.isfinite(self.alpha_init) and 0.0 < self.alpha_init <= 1.0):
+            raise InvalidArgument(f"adaptive alpha_init must be in (0, 1], got {self.alpha_init}")
+
+    @staticmethod
+    def check_eps(name: str, value: float) -> None:
+        check_pixel_count(name, value)
+
+    @property
+    def pixels(self) -> int:
+        """``k``: ``eps`` as the whole number of pixels it is."""
+        return int(self.eps)
+
+    @property
+    def side(self) -> int:
+        """``s = ⌊√k⌋``: the patch's side, so that it changes at most ``s² ≤ k`` pixels."""
+        return math.isqrt(self.pixels)
+
+    @property
+    def alpha(self) -> float:
+        """The initial content fraction (there is no step): ``alpha_init``."""
+        return self.alpha_init
+
+    @property
+    def cache_tag(self) -> str:
+        return "-patch-rs"
+
+
 def radius_check(optimizer: str) -> Callable[[str, float], None]:
     """The range check of ``--eps`` for ``optimizer``: L1 radii for ``slide``, pixel counts for
-    ``sparse-rs``, L∞ radii otherwise."""
-    return {"slide": check_l1_radius, "sparse-rs": check_pixel_count}.get(optimizer, check_radius)
+    ``sparse-rs`` and ``patch-rs``, L∞ radii otherwise."""
+    checks = {"slide": check_l1_radius} | dict.fromkeys(RANDOM_SEARCHES, check_pixel_count)
+    return checks.get(optimizer, check_radius)
 
 
 @dataclass(frozen=True)
@@ -243,7 +297,7 @@ class AdaptiveSettings:
     eps: tuple[float, ...] = (0.1, 0.2, 0.3)
     weights: tuple[float, ...] = (0.1, 1.0, 10.0)
     joint_weights: tuple[float, ...] = ()
-    steps: int | None = None  # None: 100 steps, or 1000 queries with sparse-rs (default_steps)
+    steps: int | None = None  # None: 100 steps, or 1000 queries with sparse-rs, patch-rs
     kappa: float = 1.0
     delta: float = 0.5
     limit: int = 500
@@ -290,6 +344,8 @@ class AdaptiveSettings:
             common["region"] = self.region
             if self.region != "anywhere":
                 prefix = f"Sparse-RS ({self.region}) "
+        elif self.optimizer == "patch-rs":
+            kind, prefix = AdaptivePatchRSParameters, "Patch-RS "
         out = [(f"plain {prefix or 'PGD'}".rstrip(), kind(weight=0.0, **common))]
         out += [(f"adaptive {prefix}λ={w:g}", kind(weight=w, **common)) for w in self.weights]
         out += [
@@ -302,11 +358,12 @@ class AdaptiveSettings:
         """``(name, attack)`` of :meth:`parameters`: the attacks themselves (torch)."""
         from bayesgate.attacks.adaptive import AdaptivePGD
         from bayesgate.attacks.adaptive_apgd import AdaptiveAPGD
+        from bayesgate.attacks.adaptive_patch_rs import AdaptivePatchRS
         from bayesgate.attacks.adaptive_slide import AdaptiveSLIDE
         from bayesgate.attacks.adaptive_sparse_rs import AdaptiveSparseRS
 
         kinds = {
             "pgd": AdaptivePGD, "apgd": AdaptiveAPGD, "slide": AdaptiveSLIDE,
-            "sparse-rs": AdaptiveSparseRS,
+            "sparse-rs": AdaptiveSparseRS, "patch-rs": AdaptivePatchRS,
         }  # fmt: skip
         return [(name, kinds[self.optimizer](**asdict(p))) for name, p in self.parameters(eps)]

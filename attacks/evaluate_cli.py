@@ -18,6 +18,7 @@ from typing import Any
 
 from bayesgate.attacks.adaptive_settings import (
     OPTIMIZERS,
+    RANDOM_SEARCHES,
     AdaptiveSettings,
     check_non_negative,
     default_steps,
@@ -121,7 +122,7 @@ def _register_adaptive_eval(sub: argparse._SubParsersAction) -> None:
         default=list(d.eps),
         metavar="EPS",
         help="L∞ radii (L1 radii with --optimizer slide, e.g. 10; pixel counts with "
-        "--optimizer sparse-rs, e.g. 10)",
+        "--optimizer sparse-rs or patch-rs, e.g. 10, below 784)",
     )
     list_flag(
         p, "--weights", item=float, default=list(d.weights), metavar="WEIGHT", help="λ values"
@@ -139,8 +140,8 @@ def _register_adaptive_eval(sub: argparse._SubParsersAction) -> None:
         "--steps",
         type=int,
         default=None,
-        help=f"steps of the attack (default {default_steps('pgd')}; with --optimizer sparse-rs: "
-        f"queries per image, default {default_steps('sparse-rs')})",
+        help=f"steps of the attack (default {default_steps('pgd')}; with --optimizer sparse-rs "
+        f"or patch-rs: queries per image, default {default_steps('patch-rs')})",
     )
     p.add_argument("--kappa", type=float, default=d.kappa, help="margin κ (nats)")
     p.add_argument("--delta", type=float, default=d.delta, help="detector margin δ")
@@ -151,7 +152,10 @@ def _register_adaptive_eval(sub: argparse._SubParsersAction) -> None:
         help="pgd: fixed steps of ε/25; apgd: Auto-PGD's step schedule and momentum "
         "(Croce & Hein 2020), the stronger optimiser; slide: sparse L1 steps of ε/10 (Tramèr & "
         "Boneh 2019), --eps then L1 radii; sparse-rs: Sparse-RS's random search over which "
-        "pixels to set to 0 or 1 (Croce et al. 2022; no gradients), --eps then pixel counts",
+        "pixels to set to 0 or 1 (Croce et al. 2022; no gradients), --eps then pixel counts; "
+        "patch-rs: Sparse-RS's random search over the location and the 0/1 content of one "
+        "square patch (no gradients), --eps then pixel budgets k, the patch ⌊√k⌋×⌊√k⌋ (k = 10: "
+        "3×3; never more than k pixels, where the authors round the side up)",
     )
     p.add_argument(
         "--restarts",
@@ -315,11 +319,12 @@ def _check_adaptive_flags(args: argparse.Namespace) -> None:
     check_at_least("--restarts", args.restarts)
     if not args.eps:  # `--eps ,`
         raise InvalidArgument("--eps: give at least one radius")
-    for eps in args.eps:  # L1 radii for slide, pixel counts for sparse-rs, L∞ for the others
+    for eps in args.eps:  # L1 radii for slide, pixel counts for sparse/patch-rs, L∞ otherwise
         radius_check(args.optimizer)("--eps", eps)
-        if args.optimizer == "sparse-rs" and eps >= MNIST_PIXELS:
+        if args.optimizer in RANDOM_SEARCHES and eps >= MNIST_PIXELS:
+            name = {"sparse-rs": "Sparse-RS", "patch-rs": "Patch-RS"}[args.optimizer]
             raise InvalidArgument(
-                f"--eps {eps:g}: Sparse-RS changes fewer pixels than the {MNIST_PIXELS} of an "
+                f"--eps {eps:g}: {name} changes fewer pixels than the {MNIST_PIXELS} of an "
                 "MNIST digit"
             )
     for flag in ("weights", "joint_weights"):

@@ -266,6 +266,34 @@ def test_evaluate_adaptive_with_sparse_rs(detector_dir: Path, tmp_path: Path) ->
     )
 
 
+def test_evaluate_adaptive_with_patch_rs(detector_dir: Path, tmp_path: Path) -> None:
+    settings = AdaptiveSettings(
+        eps=(9.0,), weights=(1.0,), steps=20, limit=20, k_attack=5, k=20, cache_dir=tmp_path,
+        optimizer="patch-rs",
+    )  # fmt: skip
+    result = evaluate_adaptive(load_model(detector_dir), load_detector(detector_dir), settings)
+    assert [r["attack"] for r in result["rows"]] == ["plain Patch-RS", "adaptive Patch-RS λ=1"]
+    assert result["optimizer"] == "patch-rs" and result["region"] == "anywhere"
+    assert {(r["optimizer"], r["steps"]) for r in result["rows"]} == {("patch-rs", 20)}
+    assert all(1 <= r["max_l0"] <= 9 and r["max_linf"] <= 1.0 for r in result["rows"])
+    caches = sorted(tmp_path.rglob("*.npz"))
+    assert len(caches) == 2 and all("-patch-rs" in p.name for p in caches)
+    x, _ = load_mnist("test", limit=20)
+    for path in caches:  # every changed pixel of every digit inside one 3×3 window
+        with np.load(path, allow_pickle=False) as data:
+            changed = (torch.from_numpy(data["x_adv"]) != x).flatten(1).view(20, 28, 28)
+        for where in changed:
+            rows, cols = torch.nonzero(where, as_tuple=True)
+            assert rows.numel() <= 9
+            if rows.numel():
+                assert int(rows.max() - rows.min()) <= 2 and int(cols.max() - cols.min()) <= 2
+    assert (
+        "Patch-RS (random search over the location and the content of one square patch of pixels "
+        "set to 0 or 1, Croce et al. 2022), 20 queries per image, no gradients; **ε is the pixel "
+        "budget k** (L0) here, spent on a patch of side ⌊√k⌋ (3×3 at ε = 9)"
+    ) in adaptive_table(result)
+
+
 def test_evaluate_adaptive_sparse_rs_on_the_strokes(detector_dir: Path, tmp_path: Path) -> None:
     settings = AdaptiveSettings(
         eps=(8.0,), weights=(1.0,), steps=20, limit=20, k_attack=5, k=20, cache_dir=tmp_path,
