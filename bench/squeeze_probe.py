@@ -3,7 +3,8 @@ against the L0 attacks that get through it — the detector-blind images ``adapt
 and an informed Sparse-RS that knows both flags.
 
     python bench/squeeze_probe.py MODEL_DIR --limit N --images A.npz … [--attack-limit M] \
-        [--weights 1] [--steps 1000] [--pixels 10] [--region anywhere|strokes] [--requery N] \
+        [--weights 1] [--steps 1000] [--pixels 10] [--region anywhere|strokes] [--patch] \
+        [--requery N] \
         [--fpr 0.01] [--json OUT]
 
 The squeezer is a 3×3 median filter (zero padding: the MNIST background), which removes isolated
@@ -26,7 +27,8 @@ today); every verdict below then uses those two thresholds, the attacker's inclu
    :class:`~bayesgate.attacks.adaptive_sparse_rs.AdaptiveSparseRS` (k = ``--pixels``,
    ``--steps`` queries, λ from ``--weights``, pixels anywhere or with ``--region strokes`` only
    on the digit's strokes and their one-pixel border — clumps with the strokes, which the median
-   keeps) on the combined score
+   keeps; or with ``--patch`` :class:`~bayesgate.attacks.adaptive_patch_rs.AdaptivePatchRS`, one
+   ``⌊√k⌋``-sided square patch — a clump anywhere) on the combined score
    ``c(x) = max(s(x) − t_s, a·(q(x) − t_q))`` with threshold 0 (``a = 1/t_q`` puts both margins in
    units of their thresholds), ``q`` from a second K = 10 draw on the squeezed image; with λ = 0
    the plain search. Judged on the fresh draw as above; with ``--requery N`` also by the
@@ -177,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--region", choices=SPARSE_REGIONS, default="anywhere",
                         help="where the attack's pixels go")  # fmt: skip
     parser.add_argument("--requery", type=int, default=1, help="draws the re-sender tries")
+    parser.add_argument("--patch", action="store_true", help="attack with one square patch")
     parser.add_argument("--val", type=int, default=2000, help="validation digits for t_q")
     parser.add_argument("--fpr", type=float, default=0.01, help="the squeeze flag's own FPR")
     parser.add_argument("--shared-fpr", type=float, default=None,
@@ -190,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--limit, --val ≥ 1, --fpr in (0, 1), --attack-limit ≥ 0")
     if args.requery < 1 or not 1 <= args.pixels < 784 or args.attack_limit > args.limit:
         parser.error("--requery ≥ 1, --pixels in [1, 784), --attack-limit ≤ --limit")
+    if args.patch and args.region != "anywhere":
+        parser.error("--patch places one square anywhere: no --region")
     if args.shared_fpr is not None and not 0 < args.shared_fpr < 1:
         parser.error(f"--shared-fpr must be in (0, 1), got {args.shared_fpr}")
     for path in args.images:
@@ -198,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
 
     from bayesgate.attacks.adaptive_eval import EVAL_SEED_OFFSET
+    from bayesgate.attacks.adaptive_patch_rs import AdaptivePatchRS
     from bayesgate.attacks.adaptive_sparse_rs import AdaptiveSparseRS
     from bayesgate.models.data.mnist import load_mnist
     from bayesgate.models.detection.store import load_detector
@@ -245,8 +251,12 @@ def main(argv: list[str] | None = None) -> int:
     n = args.attack_limit
     for weight in args.weights if n else []:
         started = time.perf_counter()
-        attack = AdaptiveSparseRS(
-            eps=args.pixels, steps=args.steps, weight=weight, region=args.region
+        attack: Any = (
+            AdaptivePatchRS(eps=args.pixels, steps=args.steps, weight=weight)
+            if args.patch
+            else AdaptiveSparseRS(
+                eps=args.pixels, steps=args.steps, weight=weight, region=args.region
+            )
         )
         score_fn = combined_score_fn(
             net, detector, k, t_q, torch.Generator().manual_seed(args.seed), t_s
@@ -264,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         # would be another draw)
         sub = clean if n == args.limit else verdicts(net, detector, x[:n], y[:n], k, seed, t_q, t_s)
         adv = verdicts(net, detector, x_adv, y[:n], k, seed, t_q, t_s)
-        row = {"weight": weight, "pixels": args.pixels, "region": args.region, "digits": n,
+        row = {"weight": weight, "pixels": args.pixels, "region": args.region,
+               "attacker": attack.optimizer, "digits": n,
                "eligible": int(sub["correct"].sum()), **through(sub, adv),
                "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
         if args.requery > 1:

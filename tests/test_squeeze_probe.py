@@ -80,6 +80,7 @@ def test_the_re_sender_counts_at_least_the_single_shot_and_one_draw_is_it(
     assert bench.main(argv) == 0
     (row,) = json.loads(out.read_text())["attacks"]
     assert (row["pixels"], row["region"], row["requery"]["draws"]) == (12, "strokes", 4)
+    assert row["attacker"] == "sparse-rs"
     for key in ("misclassified", "through_fused", "through_union"):
         assert row[key] <= row["requery"][key] <= row["eligible"]
 
@@ -138,6 +139,10 @@ def test_a_shared_budget_out_of_range_is_one_usage_error(capsys) -> None:
         bench.main(["bayesgate-cnn", "--shared-fpr", "1.5"])
     assert exit_.value.code == 2
     assert "--shared-fpr must be in (0, 1), got 1.5" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["bayesgate-cnn", "--patch", "--region", "strokes"])
+    assert exit_.value.code == 2
+    assert "--patch places one square anywhere: no --region" in capsys.readouterr().err
 
 
 def test_a_small_run_on_a_shared_budget(tmp_path: Path, mnist_root: Path, monkeypatch) -> None:
@@ -145,10 +150,12 @@ def test_a_small_run_on_a_shared_budget(tmp_path: Path, mnist_root: Path, monkey
     bench = load_bench("squeeze_probe")
     out = tmp_path / "probe.json"
     argv = ["bayesgate-cnn", "--limit", "30", "--val", "80", "--shared-fpr", "0.1",
-            "--attack-limit", "4", "--steps", "4", "--json", str(out)]  # fmt: skip
+            "--attack-limit", "4", "--steps", "4", "--patch", "--pixels", "9",
+            "--json", str(out)]  # fmt: skip
     assert bench.main(argv) == 0
     result = json.loads(out.read_text())
     assert result["val_flagged_union"] <= 0.1 and 0 < result["shared_level"] <= 0.1
     assert result["t_s"] != result["t_s_served"]  # the served threshold is replaced
     (row,) = result["attacks"]
     assert row["through_union"] <= row["through_fused"] <= row["misclassified"] <= 4
+    assert (row["attacker"], row["pixels"]) == ("patch-rs", 9)
