@@ -187,37 +187,31 @@ def check_pixel_count(name: str, value: float) -> None:
 
 
 @dataclass(frozen=True)
-class AdaptiveSparseRSParameters(AdaptivePGDParameters):
-    """Of :class:`~bayesgate.attacks.adaptive_sparse_rs.AdaptiveSparseRS`:
-    :class:`AdaptivePGDParameters` with ``eps`` the number of pixels ``k`` (the L0 budget; each
-    changed pixel goes to 0 or 1), ``steps`` the queries per image (the start included, as
-    Sparse-RS's ``queries``), searched by Sparse-RS's random moves (Croce et al. 2022) that
-    resample ``max(1, round(α_i·k))`` pixels, ``α_i`` from ``alpha_init`` by Square's halving
-    schedule, placing pixels anywhere or, with ``region="strokes"``, only on the digit's strokes
-    and their one-pixel border (where a changed pixel has stroke neighbours: the clumps a 3×3
-    median filter keeps). No step size: the moves have none."""
+class AdaptiveRandomSearchParameters(AdaptivePGDParameters):
+    """What the two query-only searches share: :class:`AdaptivePGDParameters` with ``eps`` the L0
+    budget ``k`` in pixels (each changed pixel goes to 0 or 1), ``steps`` the queries per image
+    (the start included), and ``alpha_init``, the initial size of a move as a fraction (of the
+    ``k`` pixels, or of the patch's area). No step size: the moves have none."""
 
     eps: float = 10.0
     steps: int = 1000
     alpha_init: float = 0.3
-    region: str = "anywhere"
-
-    optimizer: ClassVar[str] = "sparse-rs"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.step_size is not None:
-            raise InvalidArgument("Sparse-RS has no step size (it moves whole pixels)")
+            raise InvalidArgument(f"{self.label} has no step size (it moves whole pixels)")
         if not (math.isfinite(self.alpha_init) and 0.0 < self.alpha_init <= 1.0):
             raise InvalidArgument(f"adaptive alpha_init must be in (0, 1], got {self.alpha_init}")
-        if self.region not in SPARSE_REGIONS:
-            raise InvalidArgument(
-                f"sparse-rs region must be one of {', '.join(SPARSE_REGIONS)}, got {self.region!r}"
-            )
 
     @staticmethod
     def check_eps(name: str, value: float) -> None:
         check_pixel_count(name, value)
+
+    @property
+    def label(self) -> str:
+        """The search's name in messages."""
+        return {"sparse-rs": "Sparse-RS", "patch-rs": "Patch-RS"}[self.optimizer]
 
     @property
     def pixels(self) -> int:
@@ -226,8 +220,29 @@ class AdaptiveSparseRSParameters(AdaptivePGDParameters):
 
     @property
     def alpha(self) -> float:
-        """The initial resampled fraction (there is no step): ``alpha_init``."""
+        """The initial move fraction (there is no step): ``alpha_init``."""
         return self.alpha_init
+
+
+@dataclass(frozen=True)
+class AdaptiveSparseRSParameters(AdaptiveRandomSearchParameters):
+    """Of :class:`~bayesgate.attacks.adaptive_sparse_rs.AdaptiveSparseRS`:
+    :class:`AdaptiveRandomSearchParameters` searched by Sparse-RS's random moves (Croce et al.
+    2022) that resample ``max(1, round(α_i·k))`` of the ``k`` pixels, ``α_i`` from ``alpha_init``
+    by Square's halving schedule, placing pixels anywhere or, with ``region="strokes"``, only on
+    the digit's strokes and their one-pixel border (where a changed pixel has stroke neighbours:
+    the clumps a 3×3 median filter keeps)."""
+
+    region: str = "anywhere"
+
+    optimizer: ClassVar[str] = "sparse-rs"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.region not in SPARSE_REGIONS:
+            raise InvalidArgument(
+                f"sparse-rs region must be one of {', '.join(SPARSE_REGIONS)}, got {self.region!r}"
+            )
 
     @property
     def cache_tag(self) -> str:
@@ -235,47 +250,24 @@ class AdaptiveSparseRSParameters(AdaptivePGDParameters):
 
 
 @dataclass(frozen=True)
-class AdaptivePatchRSParameters(AdaptivePGDParameters):
+class AdaptivePatchRSParameters(AdaptiveRandomSearchParameters):
     """Of :class:`~bayesgate.attacks.adaptive_patch_rs.AdaptivePatchRS`:
-    :class:`AdaptivePGDParameters` with ``eps`` the pixel budget ``k`` (L0, as for Sparse-RS),
-    spent on one square patch of side ``s = ⌊√k⌋`` (:attr:`side`: ``s² ≤ k`` pixels change,
-    k = 10 gives 3×3; the authors round up, we keep the bound), each pixel of it 0 or 1 per
-    channel; ``steps`` the queries per image (the start included), searched by Sparse-RS's patch
-    moves (Croce et al. 2022): location moves, and content moves on a sub-square of side
-    ``max(⌊√α_i·s⌋, 1)``, ``α_i`` from ``alpha_init`` (0.4: the authors' untargeted patch value)
-    by their patch schedule. No step size: the moves have none."""
+    :class:`AdaptiveRandomSearchParameters` spent on one square patch of side ``s = ⌊√k⌋``
+    (:attr:`side`: ``s² ≤ k`` pixels change, k = 10 gives 3×3; the authors round up, we keep the
+    bound), each pixel of it 0 or 1 per channel, searched by Sparse-RS's patch moves (Croce et
+    al. 2022): location moves, and content moves on a sub-square of side ``max(⌊√α_i·s⌋, 1)``,
+    ``α_i`` from ``alpha_init`` (0.4: the authors' untargeted patch value) by their patch
+    schedule."""
 
     eps: float = 9.0
-    steps: int = 1000
     alpha_init: float = 0.4
 
     optimizer: ClassVar[str] = "patch-rs"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.step_size is not None:
-            raise InvalidArgument("Patch-RS has no step size (it moves a whole patch)")
-        if not (math.isfinite(self.alpha_init) and 0.0 < self.alpha_init <= 1.0):
-            raise InvalidArgument(f"adaptive alpha_init must be in (0, 1], got {self.alpha_init}")
-
-    @staticmethod
-    def check_eps(name: str, value: float) -> None:
-        check_pixel_count(name, value)
-
-    @property
-    def pixels(self) -> int:
-        """``k``: ``eps`` as the whole number of pixels it is."""
-        return int(self.eps)
 
     @property
     def side(self) -> int:
         """``s = ⌊√k⌋``: the patch's side, so that it changes at most ``s² ≤ k`` pixels."""
         return math.isqrt(self.pixels)
-
-    @property
-    def alpha(self) -> float:
-        """The initial content fraction (there is no step): ``alpha_init``."""
-        return self.alpha_init
 
     @property
     def cache_tag(self) -> str:
