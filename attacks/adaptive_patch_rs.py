@@ -56,11 +56,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from math import inf
 
 import torch
 
 from bayesgate.attacks.adaptive import AdaptivePGD, AdaptiveResult, ScoreFn, checked_images
+from bayesgate.attacks.adaptive_search import Successes
 from bayesgate.attacks.adaptive_settings import AdaptivePatchRSParameters
 from bayesgate.attacks.methods.square import cpu_generator, margin
 
@@ -128,14 +128,11 @@ class AdaptivePatchRS(AdaptivePatchRSParameters, AdaptivePGD):
             log_p, score = score_fn(images)
             return margin(log_p, y[rows]), score
 
-        first = torch.full((x.shape[0],), -1, dtype=torch.int64, device=x.device)
         with torch.no_grad():
             loc, patch = self.start(x, rng)
-            found = paste(x, loc, patch)
-            m_now, s_now = query(found, torch.arange(x.shape[0], device=x.device))
-            success = (m_now < 0) & self._unflagged(s_now, threshold)
-            found_loss = torch.where(success, self.loss(m_now, s_now, threshold, 1), inf)
-            first[success] = 0
+            start = paste(x, loc, patch)
+            m_now, s_now = query(start, torch.arange(x.shape[0], device=x.device))
+            book = Successes(self, threshold, start, m_now, s_now)
             for i in range(1, self.steps):
                 gate = self.gate(m_now)  # read at the current point, for it and its candidates
                 now = self.loss(m_now, s_now, threshold, gate)
@@ -145,18 +142,12 @@ class AdaptivePatchRS(AdaptivePatchRSParameters, AdaptivePGD):
                 new_loc, new_patch = self.move(i, loc[active], patch[active], (h, w), rng)
                 candidate = paste(x[active], new_loc, new_patch)
                 m, score = query(candidate, active)
-                success = (m < 0) & self._unflagged(score, threshold)
-                first[active[success & (first[active] < 0)]] = i
-                full = self.loss(m, score, threshold, 1)
-                keep = success & (full < found_loss[active])
-                found[active[keep]], found_loss[active[keep]] = candidate[keep], full[keep]
+                book.record(i, active, candidate, m, score)
                 better = self.loss(m, score, threshold, gate[active]) < now[active]
                 kept = active[better]
                 loc[kept], patch[kept] = new_loc[better], new_patch[better]
                 m_now[kept], s_now[kept] = m[better], score[better]
-            was_found = first >= 0
-            out = torch.where(was_found[:, None, None, None], found, paste(x, loc, patch))
-        return AdaptiveResult(out, was_found, first)
+        return book.result(paste(x, loc, patch), x.shape)
 
     def start(self, x: torch.Tensor, rng: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """The start (B×2 top-left corners, B×C×s×s patches): uniform corners, and vertical

@@ -51,11 +51,11 @@ lower). The verdict that counts is the caller's, on a fresh MC draw.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import inf
 
 import torch
 
 from bayesgate.attacks.adaptive import AdaptivePGD, AdaptiveResult, ScoreFn, checked_images
+from bayesgate.attacks.adaptive_search import Successes
 from bayesgate.attacks.adaptive_settings import AdaptiveSparseRSParameters
 from bayesgate.attacks.methods.sparse_rs import (
     free_positions,
@@ -100,14 +100,10 @@ class AdaptiveSparseRS(AdaptiveSparseRSParameters, AdaptivePGD):
             log_p, score = score_fn(images.view(-1, *x.shape[1:]))
             return margin(log_p, y[rows]), score
 
-        first = torch.full((x.shape[0],), -1, dtype=torch.int64, device=x.device)
         with torch.no_grad():
             current, chosen = random_start(flat, self.pixels, rng, allowed)
             m_now, s_now = query(current, torch.arange(x.shape[0], device=x.device))
-            success = (m_now < 0) & self._unflagged(s_now, threshold)
-            found = current.clone()
-            found_loss = torch.where(success, self.loss(m_now, s_now, threshold, 1), inf)
-            first[success] = 0
+            book = Successes(self, threshold, current, m_now, s_now)
             for i in range(1, self.steps):
                 gate = self.gate(m_now)  # read at the current point, for it and its candidates
                 now = self.loss(m_now, s_now, threshold, gate)
@@ -120,18 +116,12 @@ class AdaptiveSparseRS(AdaptiveSparseRSParameters, AdaptivePGD):
                     flat[active], current[active], chosen[active], count, rng, region
                 )
                 m, score = query(candidate, active)
-                success = (m < 0) & self._unflagged(score, threshold)
-                first[active[success & (first[active] < 0)]] = i
-                full = self.loss(m, score, threshold, 1)
-                keep = success & (full < found_loss[active])
-                found[active[keep]], found_loss[active[keep]] = candidate[keep], full[keep]
+                book.record(i, active, candidate, m, score)
                 better = self.loss(m, score, threshold, gate[active]) < now[active]
                 kept = active[better]
                 current[kept], chosen[kept] = candidate[better], in_set[better]
                 m_now[kept], s_now[kept] = m[better], score[better]
-        was_found = first >= 0
-        out = torch.where(was_found[:, None, None], found, current)
-        return AdaptiveResult(out.view_as(x), was_found, first)
+        return book.result(current, x.shape)
 
     def resampled(self, iteration: int, free: int) -> int:
         """How many of the ``k`` pixels move at iteration ``i`` (0 = the first move):

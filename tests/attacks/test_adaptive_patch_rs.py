@@ -9,20 +9,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 import torch
 from attacks_testnets import LinearNet
 
-from bayesgate.attacks import evaluate_cli
 from bayesgate.attacks.adaptive_patch_rs import AdaptivePatchRS, paste, patch_schedule
 from bayesgate.attacks.adaptive_settings import AdaptivePatchRSParameters, AdaptiveSettings
 from bayesgate.attacks.methods.square import margin
-from bayesgate.cli import main
 from bayesgate.errors import InvalidArgument
-from tests.cli_checks import never as _never
-from tests.cli_checks import one_error_line as _error
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/attacks/conftest.py: tiny tensors
 
@@ -280,34 +275,3 @@ def test_refuses_a_patch_larger_than_the_image_and_images_that_are_not_4d() -> N
         AdaptivePatchRS(eps=81, steps=2)(box, torch.zeros(1, 1, SIZE, SIZE), y, 0.5)
     with pytest.raises(ValueError, match="needs B×C×H×W images"):
         AdaptivePatchRS(eps=4, steps=2)(box, torch.zeros(1, SIZE, SIZE), y, 0.5)
-
-
-@pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        (["--eps", "2.5"], "--eps must be a whole number of pixels ≥ 1, got 2.5"),
-        (["--eps", "0"], "--eps must be a whole number of pixels ≥ 1, got 0"),
-        (
-            ["--eps", "784"],
-            "--eps 784: Patch-RS changes fewer pixels than the 784 of an MNIST digit",
-        ),
-        (["--eps", "9", "--steps", "0"], "--steps must be ≥ 1, got 0"),
-    ],
-)
-def test_the_command_checks_pixel_budgets_with_patch_rs(
-    argv: list[str],
-    message: str,
-    tmp_path: Path,
-    tiny_model_dir: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    monkeypatch.setattr(evaluate_cli, "_load", _never)
-    out = str(tmp_path / "ae")
-    code = main(["adaptive-eval", str(tiny_model_dir), "--out", out, "--optimizer", "patch-rs",
-                 *argv])  # fmt: skip
-    assert code == 2
-    assert _error(capsys) == message
-    with pytest.raises(AssertionError, match="the work started"):  # accepted: the work begins
-        main(["adaptive-eval", str(tiny_model_dir), "--out", out, "--optimizer", "patch-rs",
-              "--eps", "783"])  # fmt: skip

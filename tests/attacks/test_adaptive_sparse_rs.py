@@ -196,6 +196,7 @@ def test_settings_take_pixel_counts_and_a_query_budget() -> None:
                                           torch.zeros(1, dtype=torch.int64), 0.5)  # fmt: skip
 
 
+@pytest.mark.parametrize("optimizer", ["sparse-rs", "patch-rs"])
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -203,12 +204,13 @@ def test_settings_take_pixel_counts_and_a_query_budget() -> None:
         (["--eps", "0"], "--eps must be a whole number of pixels ≥ 1, got 0"),
         (
             ["--eps", "784"],
-            "--eps 784: Sparse-RS changes fewer pixels than the 784 of an MNIST digit",
+            "--eps 784: {label} changes fewer pixels than the 784 of an MNIST digit",
         ),
         (["--eps", "10", "--steps", "0"], "--steps must be ≥ 1, got 0"),
     ],
 )
-def test_the_command_checks_pixel_counts_with_sparse_rs(
+def test_the_command_checks_pixel_budgets_of_the_random_searches(
+    optimizer: str,
     argv: list[str],
     message: str,
     tmp_path: Path,
@@ -216,12 +218,14 @@ def test_the_command_checks_pixel_counts_with_sparse_rs(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    """sparse-rs and patch-rs take pixel budgets (not radii) and refuse a whole digit's 784."""
     monkeypatch.setattr(evaluate_cli, "_load", _never)
     out = str(tmp_path / "ae")
-    code = main(["adaptive-eval", str(tiny_model_dir), "--out", out, "--optimizer", "sparse-rs",
+    label = {"sparse-rs": "Sparse-RS", "patch-rs": "Patch-RS"}[optimizer]
+    code = main(["adaptive-eval", str(tiny_model_dir), "--out", out, "--optimizer", optimizer,
                  *argv])  # fmt: skip
     assert code == 2
-    assert _error(capsys) == message
+    assert _error(capsys) == message.format(label=label)
     with pytest.raises(AssertionError, match="the work started"):  # accepted: the work begins
-        main(["adaptive-eval", str(tiny_model_dir), "--out", out, "--optimizer", "sparse-rs",
-              "--eps", "10"])  # fmt: skip
+        main(["adaptive-eval", str(tiny_model_dir), "--out", out, "--optimizer", optimizer,
+              "--eps", "783"])  # fmt: skip
