@@ -37,8 +37,10 @@ to 0 or 1 (no gradient; ε is then the number of pixels, an L0 budget), or Spars
 search over the location and the 0/1 content of one square patch (no gradient; ε is then the
 pixel budget k, the patch ⌊√k⌋×⌊√k⌋)."""
 
-RANDOM_SEARCHES = ("sparse-rs", "patch-rs")
-"""The optimizers that only query (no gradient), budgeted in queries and in pixels (L0)."""
+RANDOM_SEARCH_LABELS = {"sparse-rs": "Sparse-RS", "patch-rs": "Patch-RS"}
+"""The optimizers that only query (no gradient), budgeted in queries and in pixels (L0), and
+their names in messages and row labels."""
+RANDOM_SEARCHES = tuple(RANDOM_SEARCH_LABELS)
 
 
 def default_steps(optimizer: str) -> int:
@@ -211,7 +213,7 @@ class AdaptiveRandomSearchParameters(AdaptivePGDParameters):
     @property
     def label(self) -> str:
         """The search's name in messages."""
-        return {"sparse-rs": "Sparse-RS", "patch-rs": "Patch-RS"}[self.optimizer]
+        return RANDOM_SEARCH_LABELS[self.optimizer]
 
     @property
     def pixels(self) -> int:

@@ -18,6 +18,7 @@ from typing import Any
 
 from bayesgate.attacks.adaptive_settings import (
     OPTIMIZERS,
+    RANDOM_SEARCH_LABELS,
     RANDOM_SEARCHES,
     AdaptiveSettings,
     check_non_negative,
@@ -322,10 +323,9 @@ def _check_adaptive_flags(args: argparse.Namespace) -> None:
     for eps in args.eps:  # L1 radii for slide, pixel counts for sparse/patch-rs, L∞ otherwise
         radius_check(args.optimizer)("--eps", eps)
         if args.optimizer in RANDOM_SEARCHES and eps >= MNIST_PIXELS:
-            name = {"sparse-rs": "Sparse-RS", "patch-rs": "Patch-RS"}[args.optimizer]
             raise InvalidArgument(
-                f"--eps {eps:g}: {name} changes fewer pixels than the {MNIST_PIXELS} of an "
-                "MNIST digit"
+                f"--eps {eps:g}: {RANDOM_SEARCH_LABELS[args.optimizer]} changes fewer pixels "
+                f"than the {MNIST_PIXELS} of an MNIST digit"
             )
     for flag in ("weights", "joint_weights"):
         for weight in getattr(args, flag):

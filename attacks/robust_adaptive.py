@@ -18,7 +18,6 @@ import torch
 
 from bayesgate.attacks.robust_eval import RobustSettings
 
-NO_MODULE = "not run: this version has no adaptive detector attack (issue 15)"
 NO_DETECTOR = "not run: no fitted detector beside this model (`bayesgate fit-detector MODEL`)"
 
 
@@ -34,10 +33,7 @@ def adaptive_detector_step(
 ) -> dict[str, Any]:
     """``{"status": "ran", "by_eps": {ε: rate}, "clean_fpr": …, "detail": …}`` or the reason it
     did not run."""
-    try:
-        from bayesgate.attacks.adaptive_eval import AdaptiveSettings, evaluate_adaptive
-    except ModuleNotFoundError:
-        return {"status": NO_MODULE}
+    from bayesgate.attacks.adaptive_eval import AdaptiveSettings, evaluate_adaptive
     from bayesgate.models.detection.store import DETECTOR_JSON, load_detector
     from bayesgate.models.store.directory import load_model
 

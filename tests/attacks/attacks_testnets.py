@@ -1,6 +1,8 @@
-"""Hand-checkable networks for the attacks tests."""
+"""Hand-checkable networks for the attacks tests, and a recorder of query-only attacks' queries."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -27,3 +29,19 @@ class LinearNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.trunk(x))
+
+
+class Queries:
+    """``score_fn`` of a deterministic network and a detector ``detector(x)`` for the query-only
+    adaptive attacks; records the rows of every query and fails if autograd is on or the images
+    carry a graph."""
+
+    def __init__(self, net: nn.Module, detector: Callable[[torch.Tensor], torch.Tensor]):
+        self.net, self.detector = net, detector
+        self.rows: list[int] = []
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        assert not torch.is_grad_enabled(), "queried with autograd on"
+        assert not x.requires_grad
+        self.rows.append(x.shape[0])
+        return torch.log_softmax(self.net(x), dim=1), self.detector(x)

@@ -8,11 +8,10 @@ settings and the command's pixel-count checks."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import pytest
 import torch
-from attacks_testnets import LinearNet
+from attacks_testnets import LinearNet, Queries
 
 from bayesgate.attacks.adaptive_patch_rs import AdaptivePatchRS, paste, patch_schedule
 from bayesgate.attacks.adaptive_settings import AdaptivePatchRSParameters, AdaptiveSettings
@@ -22,21 +21,6 @@ from bayesgate.errors import InvalidArgument
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/attacks/conftest.py: tiny tensors
 
 SIZE = 8  # the toys' images are SIZE×SIZE, one channel
-
-
-class Queries:
-    """``score_fn`` of a deterministic network and a detector ``detector(x)``; records the rows
-    of every query and fails if autograd is on or the images carry a graph."""
-
-    def __init__(self, net: torch.nn.Module, detector: Callable[[torch.Tensor], torch.Tensor]):
-        self.net, self.detector = net, detector
-        self.rows: list[int] = []
-
-    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        assert not torch.is_grad_enabled(), "queried with autograd on"
-        assert not x.requires_grad
-        self.rows.append(x.shape[0])
-        return torch.log_softmax(self.net(x), dim=1), self.detector(x)
 
 
 def _block(row: int, col: int, side: int = 2) -> list[int]:

@@ -6,12 +6,11 @@ pixel-count checks."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
-from attacks_testnets import LinearNet
+from attacks_testnets import LinearNet, Queries
 
 from bayesgate.attacks import evaluate_cli
 from bayesgate.attacks.adaptive_settings import AdaptiveSettings, AdaptiveSparseRSParameters
@@ -28,21 +27,6 @@ WATCHED = (1, 6, 12)  # half of them, watched by the toy detector
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/attacks/conftest.py: tiny tensors
-
-
-class Queries:
-    """``score_fn`` of a deterministic network and a detector ``detector(x)``; records the rows
-    of every query and fails if autograd is on or the images carry a graph."""
-
-    def __init__(self, net: torch.nn.Module, detector: Callable[[torch.Tensor], torch.Tensor]):
-        self.net, self.detector = net, detector
-        self.rows: list[int] = []
-
-    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        assert not torch.is_grad_enabled(), "queried with autograd on"
-        assert not x.requires_grad
-        self.rows.append(x.shape[0])
-        return torch.log_softmax(self.net(x), dim=1), self.detector(x)
 
 
 def _toy(bias: float = 2.5) -> LinearNet:
